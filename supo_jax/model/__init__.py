@@ -1,0 +1,1 @@
+"""Flax NNX decoder, HF/GGUF checkpoint I/O, mesh partitioning rules."""

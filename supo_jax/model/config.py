@@ -1,0 +1,174 @@
+"""Decoder architecture read from a Hugging Face config.json.
+
+One frozen dataclass covers the families supo_jax supports: Qwen2/Qwen2.5
+(q/k/v bias), Qwen3 (q/k RMSNorm, explicit head_dim), Llama 3.x (rope scaling
+"llama3") and Llama-architecture small models (SmolLM2, tied embeddings).
+Fields the decoder does not implement fail loudly, naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # llama3 rope scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
+    rope_llama3: tuple[float, float, float, int] | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    # The source config.json (dict), re-written by save_pretrained.
+    hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_kv_heads}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model config field {name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def num_params(self) -> int:
+        e, d = self.hidden_size, self.head_dim
+        attn = e * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+        if self.qkv_bias:
+            attn += d * (self.num_heads + 2 * self.num_kv_heads)
+        layer = attn + 3 * e * self.intermediate_size + 2 * e + (2 * d if self.qk_norm else 0)
+        emb = self.vocab_size * e * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + emb + e
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> "ModelConfig":
+        mt = hf.get("model_type")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"config.json model_type={mt!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        _check_unsupported(hf)
+        heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        head_dim = hf.get("head_dim") or hidden // heads
+        rope = hf.get("rope_scaling") or None
+        rope_params = hf.get("rope_parameters") or {}
+        theta = hf.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        if rope is None and rope_params.get("rope_type", "default") not in ("default", None):
+            rope = rope_params
+        llama3 = None
+        if rope is not None:
+            kind = rope.get("rope_type", rope.get("type"))
+            if kind == "llama3":
+                llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
+                          float(rope["high_freq_factor"]),
+                          int(rope["original_max_position_embeddings"]))
+            elif kind not in ("default", None):
+                raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
+                                 "(supported: default, llama3)")
+        eos = hf.get("eos_token_id")
+        eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        if mt == "llama":
+            bias = bool(hf.get("attention_bias", False))
+        elif mt == "qwen2":
+            bias = True
+        else:
+            bias = bool(hf.get("attention_bias", False))
+        return cls(
+            model_type=mt,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_llama3=llama3,
+            qkv_bias=bias,
+            qk_norm=(mt == "qwen3"),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos,
+            hf_config=dict(hf),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ModelConfig":
+        fn = os.path.join(path, "config.json")
+        if not os.path.isfile(fn):
+            raise FileNotFoundError(f"no config.json in model directory {path!r}")
+        with open(fn) as f:
+            return cls.from_hf_dict(json.load(f))
+
+    def to_hf_dict(self) -> dict:
+        """config.json content for this architecture (the source dict when there is one)."""
+        if self.hf_config:
+            out = dict(self.hf_config)
+        else:
+            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+            out = {"architectures": [arch], "model_type": self.model_type,
+                   "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
+            if self.rope_llama3:
+                f, lo, hi, orig = self.rope_llama3
+                out["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
+                                       "high_freq_factor": hi,
+                                       "original_max_position_embeddings": orig}
+        out.update({
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+        })
+        if "rope_parameters" not in out:
+            out["rope_theta"] = self.rope_theta
+        if self.model_type == "llama":
+            out["attention_bias"] = self.qkv_bias
+            out.setdefault("mlp_bias", False)
+        if self.bos_token_id is not None:
+            out["bos_token_id"] = self.bos_token_id
+        if self.eos_token_ids:
+            out["eos_token_id"] = (self.eos_token_ids[0] if len(self.eos_token_ids) == 1
+                                   else list(self.eos_token_ids))
+        out.pop("torch_dtype", None)
+        out.pop("dtype", None)
+        return out
+
+
+def _check_unsupported(hf: dict) -> None:
+    """Fail on config fields that would change the math in ways the decoder ignores."""
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json hidden_act={act!r} is not supported (only 'silu')")
+    if hf.get("mlp_bias"):
+        raise ValueError("config.json mlp_bias=true is not supported")
+    if hf.get("use_sliding_window") and hf.get("sliding_window") not in (None, 0):
+        raise ValueError("config.json use_sliding_window=true is not supported")
+    pt = hf.get("pretraining_tp", 1)
+    if pt not in (None, 1):
+        raise ValueError(f"config.json pretraining_tp={pt} is not supported (only 1)")
+    lt = hf.get("layer_types")
+    if lt and any(t != "full_attention" for t in lt):
+        raise ValueError("config.json layer_types other than full_attention are not supported")

@@ -1,0 +1,205 @@
+"""The decoder: one Flax NNX module for the Qwen2/2.5, Qwen3 and Llama 3.x families.
+
+Read top to bottom: RMSNorm, rotary embedding (with llama3 scaling), grouped
+query attention (optional q/k/v bias, optional q/k RMSNorm), SwiGLU MLP, and
+the stack. Layer weights are stored stacked along a leading layer axis and the
+stack runs as one `jax.lax.scan`, so compile time does not grow with depth.
+
+Shapes: B batch, T new tokens, S cache length, E hidden, H query heads,
+K key/value heads, D head dim, F MLP width, V vocab, L layers.
+
+Two ways to call it:
+  * training / scoring: `model(tokens, positions, segment_ids=...)`, causal
+    within each row and, when segment ids are given, within each packed segment;
+  * generation: `model(tokens, positions, cache=cache)` writes the new keys and
+    values into the cache at `positions` (per row, so ragged rows need no
+    padding tricks; an index >= S is dropped, which is how padding is ignored)
+    and attends to every cache slot <= the query's position.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from supo_jax.model.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Keys/values [L, B, S, K, D] and the number of valid tokens per row [B]."""
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+
+def rms_norm(x, weight, eps):
+    """weight * x / sqrt(mean(x^2) + eps), computed in float32 like transformers."""
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return weight.astype(dtype) * x.astype(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Rotary inverse frequencies [D/2] in float32, with llama3 frequency scaling."""
+    d = cfg.head_dim
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
+    if cfg.rope_llama3 is None:
+        return inv
+    factor, lo, hi, orig = cfg.rope_llama3
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x, positions, inv_freq):
+    """Rotate-half rotary embedding. x [B, T, N, D], positions [B, T]."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def attention(q, k, v, mask):
+    """Grouped-query attention. q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] -> [B,T,H,D]."""
+    b, t, h, d = q.shape
+    kh = k.shape[2]
+    q = q.reshape(b, t, kh, h // kh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(d))
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class Layers(nnx.Module):
+    """All transformer blocks' weights, stacked on a leading layer axis [L, ...]."""
+
+    def __init__(self, cfg: ModelConfig, param_dtype, rngs: nnx.Rngs):
+        L, E, F, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        HD, KD = cfg.num_heads * D, cfg.num_kv_heads * D
+        init = nnx.initializers.normal(0.02)
+
+        def w(*shape):
+            return nnx.Param(init(rngs.params(), shape, param_dtype))
+
+        def ones(*shape):
+            return nnx.Param(jnp.ones(shape, param_dtype))
+
+        def zeros(*shape):
+            return nnx.Param(jnp.zeros(shape, param_dtype))
+
+        self.ln1, self.ln2 = ones(L, E), ones(L, E)
+        self.wq, self.wk, self.wv, self.wo = w(L, E, HD), w(L, E, KD), w(L, E, KD), w(L, HD, E)
+        self.bq = zeros(L, HD) if cfg.qkv_bias else None
+        self.bk = zeros(L, KD) if cfg.qkv_bias else None
+        self.bv = zeros(L, KD) if cfg.qkv_bias else None
+        self.q_norm = ones(L, D) if cfg.qk_norm else None
+        self.k_norm = ones(L, D) if cfg.qk_norm else None
+        self.w_gate, self.w_up, self.w_down = w(L, E, F), w(L, E, F), w(L, F, E)
+
+
+LAYER_PARAMS = ("ln1", "ln2", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm",
+                "w_gate", "w_up", "w_down")
+
+
+class Decoder(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, param_dtype=jnp.float32, dtype=jnp.float32,
+                 remat: bool = False, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.cfg = cfg
+        self.dtype = dtype
+        self.remat = remat
+        E, V = cfg.hidden_size, cfg.vocab_size
+        self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (V, E), param_dtype))
+        self.layers = Layers(cfg, param_dtype, rngs)
+        self.final_norm = nnx.Param(jnp.ones((E,), param_dtype))
+        self.lm_head = (None if cfg.tie_embeddings else
+                        nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (E, V), param_dtype)))
+
+    def __call__(self, tokens, positions, *, segment_ids=None, cache: KVCache | None = None,
+                 attend_len: int | None = None):
+        """tokens, positions [B, T] int32 -> (logits [B, T, V] float32, cache or None).
+
+        With a cache, `attend_len` (static) limits attention to the first
+        attend_len slots; every query must then have position < attend_len.
+        """
+        cfg, dt = self.cfg, self.dtype
+        b, t = tokens.shape
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        inv_freq = jnp.asarray(rope_inv_freq(cfg))
+        if cache is None:
+            idx = jnp.arange(t)
+            mask = jnp.broadcast_to(idx[None, :] <= idx[:, None], (b, t, t))
+            if segment_ids is not None:
+                mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            cache_kv = None
+        else:
+            s = attend_len or cache.max_len
+            mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]
+            cache_kv = (cache.k, cache.v)
+        rows = jnp.arange(b)[:, None]
+        weights = {n: getattr(self.layers, n) for n in LAYER_PARAMS}
+        weights = {n: (p[...] if p is not None else None) for n, p in weights.items()}
+
+        def block(carry, lw):
+            x, kv, i = carry
+            c = lambda a: a.astype(dt)
+            h = rms_norm(x, lw["ln1"], cfg.rms_norm_eps)
+            q, k, v = h @ c(lw["wq"]), h @ c(lw["wk"]), h @ c(lw["wv"])
+            if cfg.qkv_bias:
+                q, k, v = q + c(lw["bq"]), k + c(lw["bk"]), v + c(lw["bv"])
+            q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps)
+                k = rms_norm(k, lw["k_norm"], cfg.rms_norm_eps)
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            if kv is not None:
+                ck, cv = kv
+                ck = ck.at[i, rows, positions].set(k.astype(ck.dtype), mode="drop")
+                cv = cv.at[i, rows, positions].set(v.astype(cv.dtype), mode="drop")
+                s = attend_len or ck.shape[2]
+                k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :s].astype(dt)
+                v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :s].astype(dt)
+                kv = (ck, cv)
+            o = attention(q, k, v, mask).reshape(b, t, cfg.num_heads * cfg.head_dim)
+            x = x + o @ c(lw["wo"])
+            h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
+            x = x + (jax.nn.silu(h @ c(lw["w_gate"])) * (h @ c(lw["w_up"]))) @ c(lw["w_down"])
+            return (x, kv, i + 1), None
+
+        if self.remat:
+            block = jax.checkpoint(block)
+        (x, cache_kv, _), _ = jax.lax.scan(block, (x, cache_kv, jnp.int32(0)), weights)
+        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+        logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)
+        if cache is None:
+            return logits, None
+        return logits, KVCache(cache_kv[0], cache_kv[1], cache.lengths)

@@ -1,0 +1,170 @@
+"""The policy: one Decoder (optionally sharded over a mesh) plus its tokenizer.
+
+The same object samples (supo_jax.sampling) and trains (supo_jax.rl); there is
+no second inference engine and no weight sync.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from supo_jax.model.config import ModelConfig
+from supo_jax.model.decoder import Decoder
+from supo_jax.model.gguf_io import gguf_tokenizer, open_gguf
+from supo_jax.model.sharding import batch_sharding, param_sharding
+from supo_jax.model.weights import build_params, hf_tensors, safetensors_source, write_safetensors
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _dtype(name):
+    if name is None:
+        return None
+    if isinstance(name, str):
+        if name not in _DTYPES:
+            raise ValueError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}")
+        return _DTYPES[name]
+    return jnp.dtype(name).type
+
+
+@partial(jax.jit, static_argnums=0)
+def _logits(graphdef, params, tokens):
+    model = nnx.merge(graphdef, params)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return model(tokens, positions)[0]
+
+
+class Policy:
+    """A causal LM policy. `model` is the NNX Decoder; `tokenizer` may be None."""
+
+    def __init__(self, model: Decoder, tokenizer=None, mesh=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    def split(self):
+        """(graphdef, params state) for pure jitted functions."""
+        return nnx.split(self.model)
+
+    def logits(self, input_ids) -> jax.Array:
+        """input_ids int [B, T] -> float32 logits [B, T, vocab] (causal, no cache)."""
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty [batch, time] array, got shape {ids.shape}")
+        check_token_ids(ids, self.config.vocab_size)
+        ids = jnp.asarray(ids, jnp.int32)
+        sh = batch_sharding(self.mesh, ids.shape)
+        if sh is not None:
+            ids = jax.device_put(ids, sh)
+        graphdef, params = self.split()
+        return _logits(graphdef, params, ids)
+
+    def save_pretrained(self, out_dir: str) -> None:
+        """Write config.json + model.safetensors (+ tokenizer files) loadable by transformers."""
+        os.makedirs(out_dir, exist_ok=True)
+        cfg = self.config
+        params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
+        if jax.process_index() == 0:
+            hf = cfg.to_hf_dict()
+            dt = str(jnp.dtype(self.model.embed[...].dtype))
+            hf["torch_dtype"] = dt
+            with open(os.path.join(out_dir, "config.json"), "w") as f:
+                json.dump(hf, f, indent=2)
+        tensors = list(hf_tensors(cfg, params))
+        if jax.process_index() == 0:
+            write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
+            index = os.path.join(out_dir, "model.safetensors.index.json")
+            if os.path.exists(index):
+                os.remove(index)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(out_dir)
+        else:  # every process joins the collective gathers
+            for _, _, _, get in tensors:
+                get()
+
+
+def check_token_ids(ids: np.ndarray, vocab_size: int) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)][0]
+        raise ValueError(f"token id {int(bad)} is outside the vocabulary [0, {vocab_size})")
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f))
+               for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"))
+
+
+def load_tokenizer(path: str):
+    """A transformers tokenizer from an HF model directory or from a .gguf file's metadata."""
+    from transformers import AutoTokenizer
+
+    if str(path).endswith(".gguf"):
+        return gguf_tokenizer(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer path {path!r} is neither a directory nor a .gguf file")
+    if not _has_tokenizer(path):
+        raise FileNotFoundError(f"no tokenizer files in {path!r}")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def new_policy(cfg: ModelConfig, *, dtype="float32", compute_dtype=None, mesh=None, seed=0,
+               tokenizer=None, remat=False) -> Policy:
+    """A randomly initialised policy (tests, benchmarks), sharded over `mesh` if given."""
+    pdt = _dtype(dtype)
+    cdt = _dtype(compute_dtype) or pdt
+    model = Decoder(cfg, param_dtype=pdt, dtype=cdt, remat=remat, rngs=nnx.Rngs(seed))
+    if mesh is not None:
+        shard_model(model, mesh)
+    return Policy(model, tokenizer, mesh)
+
+
+def shard_model(model: Decoder, mesh) -> None:
+    """Place every parameter of `model` on `mesh` according to the partition rules."""
+    state = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+
+    def put(path, x):
+        name = ".".join(str(getattr(k, "key", k)) for k in path)
+        return jax.device_put(x, param_sharding(name, x.shape, mesh))
+
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(put, pure))
+    nnx.update(model, state)
+
+
+def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
+                tokenizer=True, remat=False) -> Policy:
+    """Load an HF model directory (safetensors, single or sharded) or a .gguf file.
+
+    dtype: parameter dtype ("float32" | "bfloat16"); compute_dtype defaults to it.
+    mesh: a jax.sharding.Mesh (see supo_jax.make_mesh); parameters are created
+    directly on their shards.
+    """
+    path = os.fspath(path)
+    pdt = _dtype(dtype)
+    cdt = _dtype(compute_dtype) or pdt
+    if path.endswith(".gguf"):
+        hf, source = open_gguf(path)
+        cfg = ModelConfig.from_hf_dict(hf)
+        tok = gguf_tokenizer(path) if tokenizer else None
+    elif os.path.isdir(path):
+        cfg = ModelConfig.from_pretrained(path)
+        source = safetensors_source(path)
+        tok = load_tokenizer(path) if tokenizer and _has_tokenizer(path) else None
+    else:
+        raise FileNotFoundError(f"model path {path!r} is neither a model directory nor a .gguf file")
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, param_dtype=pdt, dtype=cdt, remat=remat,
+                                              rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    state = build_params(cfg, state, source, pdt, mesh)
+    return Policy(nnx.merge(graphdef, state), tok, mesh)
+
