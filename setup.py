@@ -1,0 +1,34 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="supo-jax",
+    version="0.1.0",
+    description="JAX/TPU-native SUPO: RL for LLM agents with end-to-end learned summarization",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["supo_jax", "supo_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.11",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "chex>=0.1.88",
+        "numpy>=1.26",
+        "ml_dtypes>=0.5",
+        "transformers>=4.51",
+        "tokenizers>=0.21",
+        "jinja2>=3.1",
+        "gguf>=0.16",
+        "tensorflow-datasets>=4.9.8",
+        "array_record>=0.7",
+        "bm25s>=0.2",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.0", "safetensors>=0.4"],
+        "tpu": ["jax[tpu]>=0.6"],
+    },
+    entry_points={"console_scripts": ["supo-jax=supo_jax.cli:main"]},
+)

@@ -1,0 +1,299 @@
+"""KV-cache generation: jitted prefill and decode over a preallocated cache.
+
+Pure functions at the core:
+  prefill(params, cache, tokens [B,T], num_new [B]) -> cache, last_logits [B,V]
+      appends each row's first num_new[b] tokens at that row's current length
+      (rows with num_new = 0 are untouched: this is the incremental, multi-turn
+      prefill; a row's earlier tokens are never recomputed);
+  decode(params, cache, last_logits, ...) -> cache, tokens [B,N], logprobs [B,N], counts [B]
+      samples until every active row hit a stop token or its max new tokens.
+Every sampled token (stop tokens included) is written to the cache, so the next
+turn's prefill continues exactly from what the policy saw.
+
+Log-probability convention (the PPO ratio depends on it): the sampler returns
+log softmax(logits / T)[token] for temperature T > 0 and log softmax(logits)[token]
+for greedy (T = 0), computed *before* top-k / top-p truncation;
+`token_logprobs` computes the same quantity from a training forward pass.
+
+`Sampler` is the stateful host edge: it owns the cache for a fixed number of
+rows, buckets shapes (prefill length, attention span, decode steps: powers of
+two) so the number of compilations stays small, and logs each new shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from functools import partial
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from supo_jax.model.decoder import KVCache
+from supo_jax.model.policy import Policy, check_token_ids
+from supo_jax.model.sharding import spec_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def token_logprobs(logits, tokens, temperature: float = 1.0):
+    """log p(token) under the sampler's convention. logits [..., V], tokens [...] -> [...]."""
+    scaled = logits.astype(jnp.float32) / (temperature if temperature > 0 else 1.0)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _sample(rng, logits, sp: SamplingParams):
+    """One token per row from logits [B, V] under temperature / top-k / top-p."""
+    logits = logits.astype(jnp.float32)
+    if sp.temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits / sp.temperature
+    if sp.top_k:
+        kth = jax.lax.top_k(logits, sp.top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if sp.top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        cutoff_idx = jnp.sum(cum - jax.nn.softmax(sorted_logits, axis=-1) < sp.top_p, axis=-1) - 1
+        cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx[:, None], axis=-1)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
+def prefill(graphdef, params, cache: KVCache, tokens, num_new, *, attend_len: int):
+    """Append tokens[b, :num_new[b]] to each row. Returns (cache, logits at each row's last new token)."""
+    model = nnx.merge(graphdef, params)
+    t = tokens.shape[1]
+    offs = jnp.arange(t, dtype=jnp.int32)[None, :]
+    pos = jnp.where(offs < num_new[:, None], cache.lengths[:, None] + offs, cache.max_len)
+    logits, cache = model(tokens, pos, cache=cache, attend_len=attend_len)
+    last = jnp.take_along_axis(logits, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)[:, 0]
+    return dataclasses.replace(cache, lengths=cache.lengths + num_new), last
+
+
+@partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp"), donate_argnames=("cache",))
+def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
+           *, steps: int, attend_len: int, sp: SamplingParams):
+    """Sample up to `steps` tokens for active rows.
+
+    active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
+    Returns (cache, last_logits, tokens [B, steps], logprobs [B, steps], counts [B]).
+    """
+    model = nnx.merge(graphdef, params)
+    b = last_logits.shape[0]
+    temp = sp.temperature
+
+    def cond(s):
+        step, _, _, _, _, done, *_ = s
+        return (step < steps) & ~jnp.all(done)
+
+    def body(s):
+        step, cache, logits, toks, lps, done, counts = s
+        tok = _sample(jax.random.fold_in(rng, step), logits, sp)
+        lp = token_logprobs(logits, tok, temp)
+        live = ~done
+        toks = toks.at[:, step].set(jnp.where(live, tok, 0))
+        lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
+        counts = counts + live
+        stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
+        done = done | stop | (counts >= max_new)
+        pos = jnp.where(live, cache.lengths, cache.max_len)[:, None]
+        new_logits, cache = model(tok[:, None], pos, cache=cache, attend_len=attend_len)
+        cache = dataclasses.replace(cache, lengths=cache.lengths + live)
+        logits = jnp.where(live[:, None], new_logits[:, 0], logits)
+        return step + 1, cache, logits, toks, lps, done, counts
+
+    init = (jnp.int32(0), cache, last_logits.astype(jnp.float32),
+            jnp.zeros((b, steps), jnp.int32), jnp.zeros((b, steps), jnp.float32),
+            ~active | (max_new <= 0), jnp.zeros((b,), jnp.int32))
+    _, cache, logits, toks, lps, _, counts = jax.lax.while_loop(cond, body, init)
+    return cache, logits, toks, lps, counts
+
+
+@partial(jax.jit, donate_argnames=("cache",))
+def _copy_rows(cache: KVCache, src, dst, length):
+    """Row dst gets row src's first `length` cache slots and length (prefix reuse)."""
+    keep = (jnp.arange(cache.max_len) < length)[None, :, None, None]
+    k = cache.k.at[:, dst].set(jnp.where(keep, cache.k[:, src], cache.k[:, dst]))
+    v = cache.v.at[:, dst].set(jnp.where(keep, cache.v[:, src], cache.v[:, dst]))
+    return KVCache(k, v, cache.lengths.at[dst].set(length))
+
+
+def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    """Smallest power of two >= n (at least `minimum`, at most `maximum`)."""
+    b = max(minimum, 1 << max(0, int(n - 1).bit_length()))
+    return min(b, maximum) if maximum is not None else b
+
+
+@dataclasses.dataclass
+class Generation:
+    tokens: list[int]
+    logprobs: list[float]
+
+
+class Sampler:
+    """A fixed number of cache rows for one policy; rows persist across turns.
+
+    rows: `batch` slots, each with its own cache and length. Typical multi-turn
+    use: `append({row: prompt_ids})`, `generate([rows], ...)`, then
+    `append({row: observation_ids})`, `generate(...)`, ...; `reset(row, n)` cuts
+    a row back to its first n tokens (e.g. the initial prompt after a summary),
+    `copy_prefix(src, dst, n)` starts a row from another row's cached prefix.
+    """
+
+    def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
+                 min_prefill: int = 16, min_attend: int = 128):
+        if max_len <= 0 or batch <= 0:
+            raise ValueError("batch and max_len must be positive")
+        self.policy = policy
+        self.batch, self.max_len = batch, max_len
+        self.min_prefill, self.min_attend = min_prefill, min_attend
+        cfg = policy.config
+        dt = cache_dtype or policy.model.dtype
+        cache = KVCache.zeros(cfg, batch, max_len, dt)
+        if policy.mesh is not None:
+            spec = spec_for(("layers", "batch", "cache_len", "kv_heads", "head_dim"),
+                            cache.k.shape, policy.mesh)
+            kv_sh = NamedSharding(policy.mesh, spec)
+            len_sh = NamedSharding(policy.mesh, spec_for(("batch",), (batch,), policy.mesh))
+            cache = KVCache(jax.device_put(cache.k, kv_sh), jax.device_put(cache.v, kv_sh),
+                            jax.device_put(cache.lengths, len_sh))
+        self.cache = cache
+        self.last_logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+        self.lengths = np.zeros(batch, np.int64)  # host mirror of cache.lengths
+        self.shapes_compiled: set[tuple] = set()
+
+    def _note_shape(self, key):
+        if key not in self.shapes_compiled:
+            self.shapes_compiled.add(key)
+            log.info("sampler: new shape %s (%d compiled so far)", key, len(self.shapes_compiled))
+
+    def _attend(self, need: int) -> int:
+        return bucket(need, self.min_attend, self.max_len)
+
+    def append(self, new_tokens: dict[int, Sequence[int]]) -> None:
+        """Prefill new tokens at the end of the given rows (incremental: earlier tokens are kept)."""
+        new_tokens = {r: list(t) for r, t in new_tokens.items() if len(t)}
+        if not new_tokens:
+            return
+        vocab = self.policy.config.vocab_size
+        for r, toks in new_tokens.items():
+            if not 0 <= r < self.batch:
+                raise IndexError(f"row {r} outside [0, {self.batch})")
+            check_token_ids(np.asarray(toks), vocab)
+            if self.lengths[r] + len(toks) > self.max_len:
+                raise ValueError(f"row {r}: {self.lengths[r]} cached + {len(toks)} new tokens "
+                                 f"exceed the cache length {self.max_len}")
+        longest = max(len(t) for t in new_tokens.values())
+        t = bucket(longest, self.min_prefill, self.max_len)
+        arr = np.zeros((self.batch, t), np.int32)
+        num = np.zeros(self.batch, np.int32)
+        for r, toks in new_tokens.items():
+            arr[r, :len(toks)] = toks
+            num[r] = len(toks)
+        attend = self._attend(int((self.lengths + num).max()))
+        self._note_shape(("prefill", self.batch, t, attend))
+        graphdef, params = self.policy.split()
+        self.cache, last = prefill(graphdef, params, self.cache, jnp.asarray(arr), jnp.asarray(num),
+                                   attend_len=attend)
+        upd = jnp.asarray(num > 0)[:, None]
+        self.last_logits = jnp.where(upd, last, self.last_logits)
+        self.lengths += num
+
+    def generate(self, rows: Sequence[int], max_new_tokens, stop_tokens, sampling: SamplingParams,
+                 rng) -> dict[int, Generation]:
+        """Sample continuations for `rows` (each must hold a non-empty context).
+
+        max_new_tokens: int or {row: int}; stop_tokens: a set of ids or {row: set}.
+        Generation stops at a stop token (included in the output) or the budget.
+        """
+        rows = list(rows)
+        if not rows:
+            return {}
+        mx = {r: int(max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens)
+              for r in rows}
+        stops = {r: sorted(set(stop_tokens[r] if isinstance(stop_tokens, dict) else stop_tokens))
+                 for r in rows}
+        for r in rows:
+            if self.lengths[r] == 0:
+                raise ValueError(f"row {r} has an empty context: append a prompt first")
+            room = self.max_len - self.lengths[r]
+            if mx[r] > room:
+                raise ValueError(f"row {r}: {self.lengths[r]} cached + {mx[r]} new tokens "
+                                 f"exceed the cache length {self.max_len}")
+        active = np.zeros(self.batch, bool)
+        active[rows] = True
+        max_new = np.zeros(self.batch, np.int32)
+        width = max(1, max(len(s) for s in stops.values()))
+        stop_ids = np.full((self.batch, width), -1, np.int32)
+        for r in rows:
+            max_new[r] = mx[r]
+            stop_ids[r, :len(stops[r])] = stops[r]
+        steps = bucket(max(mx.values()), 8)
+        attend = self._attend(int(max(self.lengths[r] + mx[r] for r in rows)))
+        self._note_shape(("decode", self.batch, steps, attend, sampling))
+        graphdef, params = self.policy.split()
+        self.cache, self.last_logits, toks, lps, counts = decode(
+            graphdef, params, self.cache, self.last_logits, rng, jnp.asarray(active),
+            jnp.asarray(max_new), jnp.asarray(stop_ids), steps=steps, attend_len=attend, sp=sampling)
+        toks, lps, counts = jax.device_get((toks, lps, counts))
+        self.lengths += counts
+        return {r: Generation(toks[r, :counts[r]].tolist(), lps[r, :counts[r]].tolist()) for r in rows}
+
+    def reset(self, row: int, length: int = 0) -> None:
+        """Cut a row back to its first `length` cached tokens (e.g. the initial prompt)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} tokens, cannot reset to {length}")
+        self.cache = dataclasses.replace(self.cache, lengths=self.cache.lengths.at[row].set(length))
+        self.lengths[row] = length
+        # the next turn always appends before generating, which refreshes last_logits
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Start row dst from row src's first `length` cached tokens without recomputing them."""
+        if not 0 < length <= self.lengths[src]:
+            raise ValueError(f"row {src} holds {self.lengths[src]} tokens, cannot copy {length}")
+        self.cache = _copy_rows(self.cache, src, dst, length)
+        self.lengths[dst] = length
+
+
+def generate(policy: Policy, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *,
+             sampling: SamplingParams = SamplingParams(temperature=0.0), stop_tokens=(),
+             seed: int = 0, max_len: int | None = None) -> list[Generation]:
+    """One-shot batched generation for ragged prompts (token id lists)."""
+    if not prompts:
+        return []
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+    need = max(len(p) for p in prompts) + max_new_tokens
+    max_len = max_len or bucket(need, 128)
+    if need > max_len:
+        raise ValueError(f"prompt of {need - max_new_tokens} tokens + {max_new_tokens} new "
+                         f"tokens exceed max_len {max_len}")
+    s = Sampler(policy, len(prompts), max_len)
+    s.append({i: p for i, p in enumerate(prompts)})
+    out = s.generate(range(len(prompts)), max_new_tokens, set(stop_tokens), sampling,
+                     jax.random.key(seed))
+    return [out[i] for i in range(len(prompts))]
