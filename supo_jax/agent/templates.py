@@ -1,0 +1,12 @@
+"""Default text of the SUPO summary turn and of the continuation prompt (SUPO.md §2)."""
+
+SUMMARY_INSTRUCTION = (
+    "The conversation history is too long to continue. Write a summary of the work so far that "
+    "keeps everything needed to continue solving the task: what is known, what has been done, "
+    "the current state and exactly what to do next. Do not call any tool in this turn. "
+    "Put the summary inside <summary></summary>."
+)
+
+CONTINUATION = (
+    "{prompt}\n\nWe are in the following stage of solving the problem:\n{summary}"
+)
