@@ -99,7 +99,7 @@ def safetensors_source(model_dir: str) -> TensorSource:
                 raise CheckpointError(f"{fn}: tensor {key} has unsupported dtype {info['dtype']}")
             s, e = info["data_offsets"]
             dt, shape = _ST_DTYPES[info["dtype"]], tuple(info["shape"])
-            source[key] = (lambda mm=mm, s=s, e=e, dt=dt, shape=shape:
+            source[key] = (lambda mm=mm, base=base, s=s, e=e, dt=dt, shape=shape:
                            mm[base + s: base + e].view(dt).reshape(shape))
     return source
 
