@@ -1,0 +1,205 @@
+"""Tool-call parsing of one model action (untrusted text), Qwen/Hermes style.
+
+An action is free text holding tool calls of the form
+
+    <tool_call>
+    {"name": "compare", "arguments": {"i": 3, "j": 7}}
+    </tool_call>
+
+(whitespace around the JSON is allowed). The call whose name is the answer tool
+("finish" by default) ends the episode. `parse_action` never raises and never
+slows down on hostile input: every failure is a ParsedAction(kind="error") whose
+message tells the model what to fix, quoting at most QUOTE_CHARS of its text.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
+MAX_JSON_DEPTH = 32         # deeper nesting is rejected before json.loads
+QUOTE_CHARS = 100           # most model text an error message repeats
+_TAG = re.compile(r"<(/?)tool_call>")
+_SUMMARY_CLOSE, _SUMMARY_OPEN = "</summary>", "<summary>"
+_HINT = 'write it as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """kind: "call" (a tool call), "answer" (the answer tool was called) or "error".
+
+    name/arguments: the (last) call; calls: every call in order as (name, arguments)
+    pairs (more than one only when max_calls > 1); error: message for the model.
+    """
+    kind: str
+    name: str | None = None
+    arguments: dict | None = None
+    error: str | None = None
+    calls: tuple = ()
+
+
+def quote(text, limit: int = QUOTE_CHARS) -> str:
+    """Short, printable, UTF-8-safe quotation of untrusted text for an error message."""
+    s = text if isinstance(text, str) else repr(text)
+    s = json.dumps(s[:limit] + ("..." if len(s) > limit else ""), ensure_ascii=False)
+    # lone surrogates (from "\ud800" escapes or bad decoding) would break the tokenizer
+    return s.encode("utf-8", "replace").decode("utf-8")
+
+
+def _error(msg: str) -> ParsedAction:
+    return ParsedAction(kind="error", error=msg)
+
+
+def _json_depth(s: str) -> int:
+    """Bracket nesting depth of JSON text, ignoring brackets inside strings."""
+    if s.count("[") + s.count("{") <= MAX_JSON_DEPTH:
+        return 0  # cheap bound: cannot be too deep
+    depth = best = 0
+    for ch in re.findall(r'[\[\]{}]', re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)):
+        depth += 1 if ch in "[{" else -1
+        best = max(best, depth)
+    return best
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_TYPE_OK = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and math.isfinite(v)),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+_JSON_NAME = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+              dict: "object", type(None): "null"}
+
+
+def _check_value(value, schema: dict, where: str) -> str | None:
+    """Check a JSON value against a small JSON-schema subset (type, enum, items, properties)."""
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        if not any(_TYPE_OK.get(t, lambda v: True)(value) for t in types):
+            return (f"wrong type for {where}: expected {' or '.join(types)}, "
+                    f"got {_JSON_NAME.get(type(value), 'value')}")
+    if "enum" in schema and value not in schema["enum"]:
+        return f"invalid value {quote(value)} for {where}: expected one of {schema['enum']}"
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for k, item in enumerate(value):
+            if (err := _check_value(item, schema["items"], f"{where}[{k}]")) is not None:
+                return err
+    if isinstance(value, dict) and "properties" in schema:
+        return _check_object(value, schema, where)
+    return None
+
+
+def _check_object(obj: dict, schema: dict, where: str) -> str | None:
+    props = schema.get("properties", {})
+    for key in schema.get("required", []):
+        if key not in obj:
+            return f"missing required argument {quote(key)} for {where}"
+    if not schema.get("additionalProperties", False):
+        for key in obj:
+            if key not in props:
+                return (f"unexpected argument {quote(key)} for {where} "
+                        f"(expected: {', '.join(props) or 'none'})")
+    for key, value in obj.items():
+        if key in props and (err := _check_value(value, props[key], f"argument {quote(key)}")):
+            return err
+    return None
+
+
+def _parse_call(body: str, tools: dict[str, dict]) -> tuple[str, dict] | str:
+    """One <tool_call> body -> (name, arguments), or an error message."""
+    if _json_depth(body) > MAX_JSON_DEPTH:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        obj = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, over-long integers
+        if isinstance(e, json.JSONDecodeError):
+            return f"malformed JSON in tool call ({e.msg} near {quote(body[e.pos:e.pos + 30])})"
+        return f"malformed JSON in tool call ({str(e)[:80]})"
+    if not isinstance(obj, dict):
+        return f"the tool call must be a JSON object, got {_JSON_NAME.get(type(obj), 'value')}"
+    if "name" not in obj:
+        return 'the tool call has no "name"'
+    name = obj["name"]
+    if not isinstance(name, str):
+        return '"name" must be a string'
+    if name not in tools:
+        return f"unknown tool {quote(name)}; valid tools: {', '.join(sorted(tools))}"
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        return f'"arguments" of {name} must be a JSON object, got {_JSON_NAME.get(type(args), "value")}'
+    err = _check_object(args, tools[name] or {}, name)
+    return err if err is not None else (name, args)
+
+
+def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
+                 max_calls: int = 1, max_chars: int = MAX_ACTION_CHARS) -> ParsedAction:
+    """Parse one model action.
+
+    tools: tool name -> JSON-schema "parameters" object ({"type": "object", "properties":
+    ..., "required": [...]}); extra arguments are rejected unless additionalProperties.
+    Returns kind="answer" when the last call is `answer_tool` (which must be in `tools`),
+    kind="call" otherwise, or kind="error" with a message for the model.
+    """
+    if not isinstance(text, str):
+        return _error("the action is not text")
+    if len(text) > max_chars:
+        return _error(f"the action is too long ({len(text)} characters; limit {max_chars})")
+    bodies, start = [], None
+    for m in _TAG.finditer(text):
+        if not m.group(1):
+            if start is not None:
+                return _error("nested <tool_call> tag: close each call with </tool_call> "
+                              "before opening another")
+            start = m.end()
+        else:
+            if start is None:
+                return _error("</tool_call> without an opening <tool_call>")
+            bodies.append(text[start:m.start()])
+            start = None
+    if start is not None:
+        return _error("unterminated <tool_call>: the call must end with </tool_call>")
+    if not bodies:
+        return _error(f"no tool call found; {_HINT}")
+    if len(bodies) > max_calls:
+        return _error(f"too many tool calls ({len(bodies)}); make at most {max_calls} per turn")
+    calls = []
+    for body in bodies:
+        parsed = _parse_call(body, tools)
+        if isinstance(parsed, str):
+            return _error(parsed)
+        calls.append(parsed)
+    names = [n for n, _ in calls]
+    if answer_tool in names[:-1]:
+        return _error(f"{answer_tool} must be the last call of the turn")
+    kind = "answer" if names[-1] == answer_tool else "call"
+    return ParsedAction(kind=kind, name=calls[-1][0], arguments=calls[-1][1], calls=tuple(calls))
+
+
+def extract_summary(text: str) -> str | None:
+    """Content of the last complete <summary>...</summary> in text, stripped; None if none."""
+    if not isinstance(text, str):
+        return None
+    end = text.rfind(_SUMMARY_CLOSE)
+    if end < 0:
+        return None
+    start = text.rfind(_SUMMARY_OPEN, 0, end)
+    return None if start < 0 else text[start + len(_SUMMARY_OPEN):end].strip()
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    """Canonical call text: '<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>'."""
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
