@@ -34,3 +34,26 @@ def make_hf_model(name: str, out_dir: str, seed: int = 0, scale: float = 0.25, v
 def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(torch.as_tensor(np.asarray(ids))).logits.float().numpy()
+
+
+LLAMA3_TEMPLATE = (
+    "{{- '<|begin_of_text|>' }}"
+    "{%- if tools %}{{- '<|start_header_id|>system<|end_header_id|>\n\nTools:\n' }}"
+    "{%- for t in tools %}{{- t | tojson + '\n' }}{%- endfor %}{{- '<|eot_id|>' }}{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- set role = 'ipython' if m['role'] == 'tool' else m['role'] %}"
+    "{{- '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+
+def llama3_style_tokenizer():
+    """The tiny BPE with a Llama-3-style template (header tokens, <|eot_id|>, ipython role)."""
+    from supo_jax.model.tiny import tiny_tokenizer
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    tok.eos_token = "<|eot_id|>"
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok

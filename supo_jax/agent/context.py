@@ -1,0 +1,271 @@
+"""Context managers: pure functions over an immutable rollout state.
+
+One interface. After every policy turn the manager decides the next working
+context, whether a segment (a training row) ends, and which tokens are trained:
+
+    after_action(cfg, fmt, state, action, observation, obs_done) -> state
+    after_summary(cfg, fmt, state, summary) -> state
+
+`state.phase` then says what the policy is asked next: "act" (the working
+context + generation prompt), "summarize" (context + summary instruction +
+generation prompt) or "done" (with `state.reason`).
+
+Managers (ContextConfig.manager):
+  supo               SUPO.md §2: when len(context + action + observation) >= L,
+                     drop that action/observation from the context (the env keeps
+                     its effect), ask for a summary, close the segment with it,
+                     restart from the initial prompt + continuation + summary.
+  full               vanilla multi-turn: the context grows; reaching L ends the
+                     rollout (context_limit).
+  truncate           drop the oldest turns until the context fits below L.
+  window             keep only the last `window_turns` turns.
+  frozen_summarizer  like supo, but the summary comes from a separate frozen
+                     policy and its tokens are not trained (ReSum-style).
+A context that is not an append-only continuation of the previous one starts a
+new segment; tokens carried over into it are context there (mask 0).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.templates import CONTINUATION, SUMMARY_INSTRUCTION
+
+MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
+REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextConfig:
+    manager: str = "supo"
+    working_context: int = 4096        # W (tokens)
+    trigger_ratio: float = 0.95        # L = trigger_ratio * W
+    max_summaries: int = 7             # S
+    max_steps: int = 100               # H (a summary turn counts as a step)
+    max_action_tokens: int = 256
+    max_summary_tokens: int = 512
+    max_observation_tokens: int = 512  # longer observations are cut (and say so)
+    summary_instruction: str = SUMMARY_INSTRUCTION
+    continuation: str = CONTINUATION   # {prompt} is the task prompt, {summary} the summary
+    show_dropped_to_summarizer: bool = False
+    window_turns: int = 4
+    summary_counts_as_step: bool = True
+
+    def __post_init__(self):
+        if self.manager not in MANAGERS:
+            raise ValueError(f"context.manager={self.manager!r} is not one of {', '.join(MANAGERS)}")
+        if not 0 < self.trigger_ratio <= 1:
+            raise ValueError(f"context.trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
+        for f in ("working_context", "max_steps", "max_action_tokens", "max_summary_tokens",
+                  "max_observation_tokens", "window_turns"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"context.{f} must be positive, got {getattr(self, f)}")
+        if self.max_summaries < 0:
+            raise ValueError("context.max_summaries must be >= 0")
+        if "{summary}" not in self.continuation:
+            raise ValueError("context.continuation must contain {summary}")
+
+    @property
+    def trigger(self) -> int:
+        """L: the working-context length at which the manager acts."""
+        return int(self.trigger_ratio * self.working_context)
+
+    @property
+    def summarizes(self) -> bool:
+        return self.manager in ("supo", "frozen_summarizer")
+
+    def cache_len(self, instruction_tokens: int, gen_prompt_tokens: int) -> int:
+        """KV-cache slots a row needs: the bound every segment respects."""
+        n = self.trigger + self.max_action_tokens + self.max_observation_tokens + gen_prompt_tokens
+        if self.summarizes:
+            n += instruction_tokens + gen_prompt_tokens + self.max_summary_tokens
+        return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One training row: token ids, loss mask (1 = generated here), sampler logprobs."""
+    tokens: tuple[int, ...]
+    mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """An action the policy sampled: ids (ending with a stop token unless cut) and logprobs."""
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutState:
+    prompt_text: str
+    prefix: tuple[int, ...]            # s1 (closed): reused as-is after every summary
+    tokens: tuple[int, ...]            # current working context == open segment
+    mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    turns: tuple[tuple[int, int], ...] = ()   # (start, end) of each action+observation in tokens
+    last_role: str = "user"            # role of the turn that closes `tokens`
+    messages: tuple[dict, ...] = ()    # the working context as chat messages
+    segments: tuple[Segment, ...] = ()
+    phase: str = "act"
+    reason: str | None = None
+    reward: float = 0.0
+    steps: int = 0
+    tool_calls: int = 0
+    summaries: int = 0
+    generated_tokens: int = 0
+    summary_lengths: tuple[int, ...] = ()
+    max_context: int = 0
+    pending: tuple[int, ...] = ()      # the summary request's context (context + instruction)
+
+    @property
+    def context_len(self) -> int:
+        return len(self.tokens)
+
+
+def initial_state(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> RolloutState:
+    prefix = tuple(fmt.prompt(list(messages), tools))
+    prompt_text = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    return RolloutState(prompt_text=prompt_text, prefix=prefix, tokens=prefix,
+                        mask=(0,) * len(prefix), logprobs=(0.0,) * len(prefix),
+                        messages=tuple(messages), max_context=len(prefix))
+
+
+def request_tokens(fmt: ChatFormat, state: RolloutState) -> tuple[int, ...]:
+    """What the policy sees when asked for its next turn (context + generation prompt)."""
+    base = state.pending if state.phase == "summarize" else state.tokens
+    return tuple(base) + tuple(fmt.gen_prompt)
+
+
+def finish(state: RolloutState, reason: str, reward: float = 0.0, close: bool = True) -> RolloutState:
+    """End the rollout with `reason`; the open segment becomes a row if it holds trained tokens."""
+    segs = state.segments
+    if close and any(state.mask):
+        segs = segs + (Segment(state.tokens, state.mask, state.logprobs),)
+    return dataclasses.replace(state, phase="done", reason=reason, reward=reward, segments=segs)
+
+
+def _extend(state: RolloutState, ids, mask_bit: int, lps=None) -> dict:
+    ids = tuple(ids)
+    return dict(tokens=state.tokens + ids, mask=state.mask + (mask_bit,) * len(ids),
+                logprobs=state.logprobs + (tuple(lps) if lps is not None else (0.0,) * len(ids)))
+
+
+def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, action: Turn,
+                 observation: str | None, done: bool, reward: float = 0.0,
+                 tool_call: bool = True) -> RolloutState:
+    """Apply one action and its environment result. observation=None when the action answered."""
+    gp = tuple(fmt.gen_prompt)
+    steps = state.steps + 1
+    with_action = dataclasses.replace(
+        state, steps=steps, tool_calls=state.tool_calls + int(tool_call and not done),
+        generated_tokens=state.generated_tokens + len(action.tokens),
+        **_extend(state, gp, 0))
+    with_action = dataclasses.replace(with_action, **_extend(with_action, action.tokens, 1,
+                                                             action.logprobs))
+    if done:
+        return finish(with_action, "answer", reward)
+    obs_ids = tuple(fmt.turn("assistant", "tool", observation, action.tokens))
+    grown = dataclasses.replace(
+        with_action, **_extend(with_action, obs_ids, 0), last_role="tool",
+        turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
+        messages=state.messages + ({"role": "assistant", "content": action.text},
+                                   {"role": "tool", "content": observation}))
+    grown = dataclasses.replace(grown, max_context=max(state.max_context, grown.context_len))
+    if cfg.manager == "window" and len(grown.turns) > cfg.window_turns:
+        return _cut(cfg, fmt, grown, steps)
+    if grown.context_len < cfg.trigger:
+        if steps >= cfg.max_steps:
+            return finish(grown, "max_steps")
+        return grown
+    # the context would reach L
+    m = cfg.manager
+    if m == "full":
+        return finish(grown, "context_limit")
+    if m in ("truncate", "window"):
+        return _cut(cfg, fmt, grown, steps)
+    # supo / frozen_summarizer
+    if state.summaries >= cfg.max_summaries:
+        return finish(grown, "max_summaries")
+    if steps >= cfg.max_steps:
+        return finish(grown, "max_steps")
+    base = grown if cfg.show_dropped_to_summarizer else state
+    instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
+    # the dropped pair's tokens stay in this segment only if shown to the summarizer
+    seg_state = grown if cfg.show_dropped_to_summarizer else dataclasses.replace(
+        state, steps=steps, tool_calls=grown.tool_calls, generated_tokens=grown.generated_tokens,
+        max_context=grown.max_context)
+    return dataclasses.replace(
+        seg_state, phase="summarize", pending=base.tokens + instr,
+        messages=base.messages + ({"role": "user", "content": cfg.summary_instruction},))
+
+
+def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summary: Turn,
+                  trained: bool = True) -> RolloutState:
+    """Close the segment with the summary and restart from s1 + continuation(summary)."""
+    from supo_jax.agent.parsing import extract_summary
+
+    gp = tuple(fmt.gen_prompt)
+    instr = state.pending[len(state.tokens):]
+    seg = dataclasses.replace(state, **_extend(state, instr + gp, 0))
+    seg = dataclasses.replace(seg, **_extend(seg, summary.tokens, 1 if trained else 0,
+                                             summary.logprobs))
+    segments = state.segments + ((Segment(seg.tokens, seg.mask, seg.logprobs),)
+                                 if any(seg.mask) else ())
+    text = extract_summary(summary.text)
+    if text is None:
+        text = summary.text.strip()
+    cont_text = cfg.continuation.format(prompt=state.prompt_text, summary=text)
+    cont = tuple(fmt.turn("user", "user", cont_text))
+    steps = state.steps + int(cfg.summary_counts_as_step)
+    first_msgs = tuple(m for m in state.messages[:2] if m["role"] in ("system", "user"))[:2]
+    new = dataclasses.replace(
+        state, phase="act", pending=(), segments=segments,
+        tokens=state.prefix + cont, mask=(0,) * (len(state.prefix) + len(cont)),
+        logprobs=(0.0,) * (len(state.prefix) + len(cont)), turns=(), last_role="user",
+        messages=first_msgs + ({"role": "user", "content": cont_text},),
+        summaries=state.summaries + 1, steps=steps,
+        generated_tokens=state.generated_tokens + len(summary.tokens),
+        summary_lengths=state.summary_lengths + (len(summary.tokens),),
+        max_context=max(state.max_context, len(seg.tokens) - len(summary.tokens)))
+    if steps >= cfg.max_steps:
+        return finish(new, "max_steps", close=False)
+    if new.context_len + len(gp) >= cfg.trigger:  # the summary alone does not fit the budget
+        return finish(new, "context_limit", close=False)
+    return new
+
+
+def _cut(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, steps: int) -> RolloutState:
+    """truncate/window: drop oldest turns; the cut context starts a new segment."""
+    turns = list(state.turns)
+    keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
+    start_len = len(state.prefix)
+
+    def size(ts):
+        return start_len + sum(e - s for s, e in ts)
+
+    while keep and size(keep) >= cfg.trigger:
+        keep = keep[1:]
+    if not keep and size(keep) >= cfg.trigger:
+        return finish(state, "context_limit")
+    segs = state.segments + ((Segment(state.tokens, state.mask, state.logprobs),)
+                             if any(state.mask) else ())
+    toks, new_turns = state.prefix, []
+    for s, e in keep:
+        new_turns.append((len(toks), len(toks) + e - s))
+        toks = toks + state.tokens[s:e]
+    n_msgs = 2 * len(keep)
+    head = tuple(m for m in state.messages if m["role"] in ("system",)) + (
+        next(m for m in state.messages if m["role"] == "user"),)
+    new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
+                              logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
+                              messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
+                              last_role="tool" if keep else "user")
+    return finish(new, "max_steps", close=False) if steps >= cfg.max_steps else new
+

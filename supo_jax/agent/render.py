@@ -1,0 +1,100 @@
+"""Chat rendering, token in / token out.
+
+The policy's sampled tokens are never re-tokenized. Everything else that enters
+the context (the initial prompt, tool observations, the summary instruction,
+the continuation after a summary) is rendered with the tokenizer's own chat
+template and tokenized as a *delta*: the template text a turn adds after the
+previous turn, measured once per (previous role, role) on placeholder content.
+So a segment's token sequence equals what the template renders for the same
+conversation (whenever the sampled tokens are the canonical tokenization of
+their text; tests check this).
+
+A working context is kept *closed*: it ends where a turn ends, and the
+generation prompt (e.g. "<|im_start|>assistant\\n") is added only when the
+policy is asked to act. After an assistant turn the delta starts with the
+turn's closing text, minus the sampled stop token when the action ended with one.
+"""
+from __future__ import annotations
+
+import functools
+
+_A = "\x00A\x00"
+_T = "\x00T\x00"
+_BASES = {
+    "user": [{"role": "user", "content": "U"}],
+    "assistant": [{"role": "user", "content": "U"}, {"role": "assistant", "content": _A}],
+    "tool": [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"},
+             {"role": "tool", "content": "T"}],
+}
+
+
+class ChatFormat:
+    """Template pieces of one tokenizer. `stop_ids`: tokens that end an assistant turn."""
+
+    def __init__(self, tokenizer, extra_stop_tokens=()):
+        self.tokenizer = tokenizer
+        stops = set(extra_stop_tokens)
+        vocab = tokenizer.get_vocab()
+        for t in (tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|end|>"):
+            if t and t in vocab:
+                stops.add(t)
+        if not stops:
+            raise ValueError("tokenizer has no end-of-turn token (eos_token)")
+        self.stop_text = tuple(sorted(stops, key=len, reverse=True))
+        self.stop_ids = frozenset(vocab[t] for t in stops)
+        self.stop_id = vocab["<|im_end|>"] if "<|im_end|>" in stops else min(self.stop_ids)
+        closed = self._render(_BASES["tool"], False)
+        opened = self._render(_BASES["tool"], True)
+        if not opened.startswith(closed):
+            raise ValueError("chat template's generation prompt is not an append-only suffix")
+        self.gen_prompt = self.encode(opened[len(closed):])
+
+    def _render(self, messages, gen=False, tools=None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=gen)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def action_text(self, ids) -> str:
+        """Text of a sampled action without its trailing stop token (what parsers read)."""
+        ids = list(ids)
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return self.decode(ids)
+
+    @functools.lru_cache(maxsize=None)
+    def _pieces(self, prev: str, role: str) -> tuple[str, str]:
+        base = _BASES[prev]
+        full = self._render(base + [{"role": role, "content": _T}])
+        if prev == "assistant":
+            start = self._render(base).index(_A) + len(_A)
+        else:
+            start = len(self._render(base))
+            if not full.startswith(self._render(base)):
+                raise ValueError("chat template does not render turns append-only")
+        d = full[start:]
+        i = d.index(_T)
+        return d[:i], d[i + len(_T):]
+
+    def prompt(self, messages: list[dict], tools=None) -> list[int]:
+        """Tokens of the initial prompt s1 (system + tools + user task), closed."""
+        return self.encode(self._render(messages, False, tools))
+
+    def turn(self, prev: str, role: str, text: str, action_ids=()) -> list[int]:
+        """Tokens of a `role` turn holding `text` after a `prev` turn ('user'|'assistant'|'tool').
+
+        After an assistant turn, pass the action's ids: if they end with a stop
+        token, the closing text it already produced is not repeated.
+        """
+        before, after = self._pieces(prev, role)
+        s = before + text + after
+        if prev == "assistant" and action_ids and action_ids[-1] in self.stop_ids:
+            for st in self.stop_text:
+                if s.startswith(st):
+                    s = s[len(st):]
+                    break
+        return self.encode(s)

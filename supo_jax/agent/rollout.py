@@ -1,0 +1,302 @@
+"""The batched rollout driver: B tasks x G samples, one sampler batch per turn.
+
+Each turn, every row waiting for the model (to act or to summarize) goes
+through the actor as one batch. A PolicyActor keeps each row's KV cache across
+turns: it prefills only the tokens after the longest common prefix of what the
+row holds and what it must see now, so within a segment only new tokens are
+prefilled and after a summary the row restarts from the cached initial prompt.
+Environment steps run in a thread pool, each with a timeout; an environment
+exception or timeout ends only that rollout (reason env_error / timeout).
+Finished rows free their slot for queued rollouts.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+from typing import Callable, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from supo_jax.agent import context as C
+from supo_jax.agent.render import ChatFormat
+from supo_jax.sampling.sampler import Generation, Sampler, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    row: int
+    tokens: tuple[int, ...]      # the full context the policy sees (ends with the gen prompt)
+    max_new: int
+    messages: tuple[dict, ...]   # the same context as chat messages (scripted policies read it)
+    summarize: bool
+
+
+class Actor(Protocol):
+    def act(self, requests: Sequence[Request]) -> list[Generation]: ...
+
+
+class PolicyActor:
+    """A Flax policy behind a Sampler whose rows persist across turns."""
+
+    def __init__(self, policy, fmt: ChatFormat, rows: int, max_len: int,
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0):
+        self.sampler = Sampler(policy, rows, max_len)
+        self.fmt, self.sampling = fmt, sampling
+        self.rng = jax.random.key(seed)
+        self.calls = 0
+        self.row_tokens: dict[int, list[int]] = {}
+        self.prefilled = 0  # tokens prefilled (the cost the KV cache reuse saves)
+
+    def act(self, requests):
+        appends = {}
+        for r in requests:
+            held = self.row_tokens.get(r.row, [])
+            n = _common_prefix(held, r.tokens)
+            if n == len(r.tokens):  # the model must see at least one new token
+                n -= 1
+            self.sampler.reset(r.row, n)
+            appends[r.row] = r.tokens[n:]
+            self.prefilled += len(r.tokens) - n
+        self.sampler.append(appends)
+        out = self.sampler.generate([r.row for r in requests], {r.row: r.max_new for r in requests},
+                                    set(self.fmt.stop_ids), self.sampling,
+                                    jax.random.fold_in(self.rng, self.calls))
+        self.calls += 1
+        for r in requests:
+            self.row_tokens[r.row] = list(r.tokens) + out[r.row].tokens
+        return [out[r.row] for r in requests]
+
+
+class ScriptedActor:
+    """A scripted expert (Expert.act(messages, summarize) -> text) speaking through the tokenizer."""
+
+    def __init__(self, expert, fmt: ChatFormat):
+        self.expert, self.fmt = expert, fmt
+
+    def act(self, requests):
+        out = []
+        for r in requests:
+            ids = self.fmt.encode(self.expert.act(list(r.messages), r.summarize)) + [self.fmt.stop_id]
+            ids = ids[:r.max_new]
+            out.append(Generation(ids, [0.0] * len(ids)))
+        return out
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    a_, b_ = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.nonzero(a_ != b_)[0]
+    return int(diff[0]) if diff.size else n
+
+
+@dataclasses.dataclass
+class Rollout:
+    task_id: str
+    group_id: int
+    sample: int
+    segments: list[C.Segment]
+    reward: float
+    reason: str
+    counters: dict
+    transcript: list[dict]
+    summaries_text: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def answered(self) -> bool:
+        return self.reason == "answer"
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["segments"] = [{"tokens": list(s.tokens), "mask": list(s.mask),
+                          "logprobs": list(s.logprobs)} for s in self.segments]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Rollout":
+        d = dict(d)
+        d["segments"] = [C.Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
+                         for s in d["segments"]]
+        return cls(**d)
+
+
+def _cut_observation(fmt: ChatFormat, text: str, limit: int) -> str:
+    """Shorten an observation to at most `limit` tokens, saying it was cut."""
+    text = str(text)
+    if len(text) > 64 * limit:  # cheap guard before tokenizing huge strings
+        text = text[:64 * limit]
+    ids = fmt.encode(text)
+    if len(ids) <= limit:
+        return text
+    note = " ...[observation truncated]"
+    keep = max(0, limit - len(fmt.encode(note)) - 2)
+    return fmt.decode(ids[:keep]) + note
+
+
+class _Row:
+    def __init__(self, slot, task, group_id, sample, env, state):
+        self.slot, self.task, self.group_id, self.sample = slot, task, group_id, sample
+        self.env, self.state = env, state
+        self.transcript: list[dict] = list(state.messages)
+        self.summaries: list[str] = []
+
+
+def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
+                 fmt: ChatFormat, cfg: C.ContextConfig, *, group_size: int = 1, rows: int = 8,
+                 summarizer: Actor | None = None, env_timeout_s: float = 30.0,
+                 env_workers: int = 8, progress: Callable[[int], None] | None = None) -> list[Rollout]:
+    """Run group_size rollouts of every task; returns them in (task, sample) order.
+
+    make_env() builds a fresh environment per rollout. With the
+    frozen_summarizer manager, `summarizer` writes the summaries (not trained).
+    """
+    if cfg.manager == "frozen_summarizer" and summarizer is None:
+        raise ValueError("context manager frozen_summarizer needs a summarizer actor")
+    queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)]
+    queue.reverse()
+    free = list(range(rows))[::-1]
+    active: dict[int, _Row] = {}
+    results: dict[tuple[int, int], Rollout] = {}
+    pool = cf.ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
+
+    def run(fn, *args):
+        return pool.submit(fn, *args)
+
+    def close(row: _Row):
+        st = row.state
+        results[(row.group_id, row.sample)] = Rollout(
+            task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
+            sample=row.sample, segments=list(st.segments), reward=float(st.reward),
+            reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
+            counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
+                          generated_tokens=st.generated_tokens,
+                          summary_lengths=list(st.summary_lengths),
+                          max_context=st.max_context, segments=len(st.segments)))
+        del active[row.slot]
+        free.append(row.slot)
+        if progress:
+            progress(1)
+
+    try:
+        while queue or active:
+            # fill free slots (env.reset off the accelerator path)
+            starts = []
+            while free and queue:
+                task, gi, s = queue.pop()
+                slot = free.pop()
+                env = make_env()
+                starts.append((slot, task, gi, s, env, run(env.reset, task)))
+            for slot, task, gi, s, env, fut in starts:
+                try:
+                    rs = fut.result(timeout=env_timeout_s)
+                except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
+                    row = _Row(slot, task, gi, s, env, C.RolloutState("", (), (), (), ()))
+                    active[slot] = row
+                    row.state = C.finish(row.state, "timeout" if isinstance(e, cf.TimeoutError)
+                                         else "env_error", close=False)
+                    row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
+                    close(row)
+                    continue
+                msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
+                    {"role": "user", "content": rs.prompt}]
+                state = C.initial_state(fmt, msgs, [t.schema() for t in rs.tools])
+                if len(state.prefix) + len(fmt.gen_prompt) >= cfg.trigger:
+                    raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
+                                     f"the working context: L = {cfg.trigger} tokens "
+                                     f"(W = {cfg.working_context}); raise context.working_context")
+                active[slot] = _Row(slot, task, gi, s, env, state)
+            if not active:
+                continue
+            # one batch per actor
+            acting = [r for r in active.values() if r.state.phase == "act"]
+            summ = [r for r in active.values() if r.state.phase == "summarize"]
+            gens = {}
+            groups = [(acting, actor, False)]
+            if summ:
+                groups.append((summ, summarizer if cfg.manager == "frozen_summarizer" else actor, True))
+            merged = [(rs, a, flag) for rs, a, flag in groups if rs]
+            if len(merged) == 2 and merged[0][1] is merged[1][1]:
+                merged = [(acting + summ, actor, None)]
+            for rs, a, flag in merged:
+                reqs = []
+                for r in rs:
+                    st = r.state
+                    toks = C.request_tokens(fmt, st)
+                    is_sum = st.phase == "summarize"
+                    budget = cfg.max_summary_tokens if is_sum else cfg.max_action_tokens
+                    reqs.append(Request(r.slot, toks, budget, st.messages, is_sum))
+                for r, g in zip(rs, a.act(reqs)):
+                    gens[r.slot] = g
+            # environment steps for actions, in parallel
+            futs = {}
+            for r in acting:
+                g = gens[r.slot]
+                text = fmt.action_text(g.tokens)
+                futs[r.slot] = (text, run(r.env.act, text))
+            for r in summ:
+                g = gens[r.slot]
+                text = fmt.action_text(g.tokens)
+                turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+                r.transcript += [{"role": "user", "content": cfg.summary_instruction},
+                                 {"role": "assistant", "content": text, "summary": True}]
+                r.summaries.append(text)
+                r.state = C.after_summary(cfg, fmt, r.state, turn,
+                                          trained=cfg.manager != "frozen_summarizer")
+                r.transcript.append(dict(r.state.messages[-1], continuation=True))
+            for r in acting:
+                g = gens[r.slot]
+                text, fut = futs[r.slot]
+                turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+                r.transcript.append({"role": "assistant", "content": text})
+                try:
+                    res = fut.result(timeout=env_timeout_s)
+                except cf.TimeoutError:
+                    r.state = C.finish(r.state, "timeout")
+                    r.transcript.append({"role": "error", "content": "environment step timed out"})
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    r.state = C.finish(r.state, "env_error")
+                    r.transcript.append({"role": "error", "content": f"step: {e!r}"[:500]})
+                    continue
+                obs = None if res.done else _cut_observation(fmt, res.observation,
+                                                             cfg.max_observation_tokens)
+                if obs is not None:
+                    r.transcript.append({"role": "tool", "content": obs})
+                r.state = C.after_action(cfg, fmt, r.state, turn, obs, res.done, res.reward,
+                                         tool_call="error" not in (res.info or {}))
+            for r in list(active.values()):
+                if r.state.phase == "done":
+                    close(r)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return [results[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
+
+
+def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:
+    with open(path, "w") as f:
+        for r in rollouts:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+def summarize(rollouts: Sequence[Rollout]) -> dict:
+    """Aggregate metrics of SUPO.md §7 over a batch of rollouts."""
+    n = max(1, len(rollouts))
+    with_sum = [r for r in rollouts if r.counters["summaries"] > 0]
+    return {
+        "rollouts": len(rollouts),
+        "success_rate": sum(r.reward > 0 and r.answered for r in rollouts) / n,
+        "reward_mean": sum(r.reward for r in rollouts) / n,
+        "steps_mean": sum(r.counters["steps"] for r in rollouts) / n,
+        "tool_calls_mean": sum(r.counters["tool_calls"] for r in rollouts) / n,
+        "summaries_mean": sum(r.counters["summaries"] for r in rollouts) / n,
+        "p_summary": len(with_sum) / n,
+        "p_success_given_summary": (sum(r.reward > 0 for r in with_sum) / len(with_sum)
+                                    if with_sum else float("nan")),
+        "working_context_mean": sum(r.counters["max_context"] for r in rollouts) / n,
+        "working_context_max": max((r.counters["max_context"] for r in rollouts), default=0),
+        "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
+        "overlong_rate": sum(not r.answered for r in rollouts) / n,
+        "reasons": {k: sum(r.reason == k for r in rollouts) for k in C.REASONS
+                    if any(r.reason == k for r in rollouts)},
+    }
