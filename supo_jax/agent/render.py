@@ -33,16 +33,21 @@ class ChatFormat:
 
     def __init__(self, tokenizer, extra_stop_tokens=()):
         self.tokenizer = tokenizer
-        stops = set(extra_stop_tokens)
         vocab = tokenizer.get_vocab()
-        for t in (tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|end|>"):
-            if t and t in vocab:
-                stops.add(t)
-        if not stops:
-            raise ValueError("tokenizer has no end-of-turn token (eos_token)")
+        # the end-of-turn token is whatever special token the template closes an assistant turn with
+        base = self._render(_BASES["assistant"])
+        closing = base[base.index(_A) + len(_A):]
+        specials = sorted((t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab())
+                           if t and closing.startswith(t)), key=len, reverse=True)
+        stops = set(extra_stop_tokens) | set(specials[:1])
+        if tokenizer.eos_token:
+            stops.add(tokenizer.eos_token)
+        if not specials:
+            raise ValueError("chat template closes assistant turns without a special token: "
+                             f"cannot tell when the policy ends a turn ({closing[:40]!r})")
         self.stop_text = tuple(sorted(stops, key=len, reverse=True))
         self.stop_ids = frozenset(vocab[t] for t in stops)
-        self.stop_id = vocab["<|im_end|>"] if "<|im_end|>" in stops else min(self.stop_ids)
+        self.stop_id = vocab[specials[0]]
         closed = self._render(_BASES["tool"], False)
         opened = self._render(_BASES["tool"], True)
         if not opened.startswith(closed):
