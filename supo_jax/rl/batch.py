@@ -1,0 +1,94 @@
+"""Rollouts -> training rows.
+
+Every segment of a rollout becomes one row (or part of a packed row) carrying
+the rollout's advantage on its generated tokens. Rows are next-token aligned:
+inputs = tokens[:-1], targets = tokens[1:], and the loss mask / old logprobs are
+those of the targets. Row length is bucketed (powers of two) so few shapes
+compile; packing puts several segments in one row with segment ids (attention
+never crosses segments; positions restart per segment); dummy rows with an
+all-zero mask pad the row count to a multiple of the minibatch size.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from supo_jax.sampling.sampler import bucket
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainBatch:
+    """All [R, T]: inputs, targets, positions, segment_ids (0 = padding),
+    mask (1 = trained target), old_logp, advantages."""
+    inputs: np.ndarray
+    targets: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+    mask: np.ndarray
+    old_logp: np.ndarray
+    advantages: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return self.inputs.shape[0]
+
+    def take(self, idx) -> "TrainBatch":
+        return jax.tree.map(lambda x: x[idx], self)
+
+
+def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int,
+                rows_multiple: int = 1, pack: bool = False, min_len: int = 32) -> TrainBatch:
+    """segments: objects with .tokens/.mask/.logprobs; advantages: one float per segment.
+
+    Segments longer than max_len + 1 are an error (the context bound should prevent them).
+    """
+    items = []
+    for seg, adv in zip(segments, advantages):
+        n = len(seg.tokens) - 1
+        if n > max_len:
+            raise ValueError(f"segment of {n + 1} tokens exceeds the training row length {max_len}")
+        if n < 1 or not any(seg.mask[1:]):
+            continue
+        items.append((seg, float(adv)))
+    rows: list[list] = []
+    if pack:
+        fill: list[int] = []
+        for seg, adv in sorted(items, key=lambda x: -len(x[0].tokens)):
+            n = len(seg.tokens) - 1
+            for i, used in enumerate(fill):
+                if used + n <= max_len:
+                    rows[i].append((seg, adv))
+                    fill[i] += n
+                    break
+            else:
+                rows.append([(seg, adv)])
+                fill.append(n)
+    else:
+        rows = [[it] for it in items]
+    longest = max((sum(len(s.tokens) - 1 for s, _ in r) for r in rows), default=1)
+    t = bucket(longest, min_len, max_len)
+    r = max(1, len(rows))
+    r += -r % rows_multiple
+    out = {k: np.zeros((r, t), dt) for k, dt in (
+        ("inputs", np.int32), ("targets", np.int32), ("positions", np.int32),
+        ("segment_ids", np.int32), ("mask", np.float32), ("old_logp", np.float32),
+        ("advantages", np.float32))}
+    for i, row in enumerate(rows):
+        off = 0
+        for sid, (seg, adv) in enumerate(row, start=1):
+            tok = np.asarray(seg.tokens, np.int32)
+            n = len(tok) - 1
+            sl = slice(off, off + n)
+            out["inputs"][i, sl] = tok[:-1]
+            out["targets"][i, sl] = tok[1:]
+            out["positions"][i, sl] = np.arange(n)
+            out["segment_ids"][i, sl] = sid
+            out["mask"][i, sl] = np.asarray(seg.mask[1:], np.float32)
+            out["old_logp"][i, sl] = np.asarray(seg.logprobs[1:], np.float32)
+            out["advantages"][i, sl] = adv
+            off += n
+    return TrainBatch(**out)

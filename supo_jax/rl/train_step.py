@@ -1,0 +1,148 @@
+"""The jitted SUPO train step and the rollout -> (segments, advantages) bridge.
+
+    train_step(graphdef, params, opt_state, batch) -> params, opt_state, metrics
+
+is a pure function: params are the policy's nnx.Param state (float32 master
+weights; the decoder casts to its compute dtype), optimizer state is optax's,
+the batch is split into `micro` microbatches whose gradients are accumulated
+with lax.scan. Parameters keep their mesh shardings (jit propagates them;
+optimizer state is created from the sharded parameters), the batch is sharded
+over (data, fsdp).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from supo_jax.rl.algo import ADVANTAGES, aggregation_norm, policy_loss
+from supo_jax.rl.batch import TrainBatch
+from supo_jax.sampling.sampler import token_logprobs
+
+NO_ANSWER = ("max_summaries", "max_steps", "context_limit", "env_error", "timeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: str = "token-mean"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0     # the sampler's temperature: logprobs use the same convention
+
+    def __post_init__(self):
+        if self.aggregation not in ("token-mean", "sequence-mean"):
+            raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    estimator: str = "rollout_group"
+    normalize_std: bool = True
+    eps: float = 1e-6
+    masked_reasons: tuple[str, ...] = NO_ANSWER   # overlong masking: no gradient at all
+    masked_count_in_stats: bool = True
+
+    def __post_init__(self):
+        if self.estimator not in ADVANTAGES:
+            raise ValueError(f"advantage.estimator={self.estimator!r} is not one of "
+                             f"{', '.join(ADVANTAGES)}")
+
+
+def rollout_advantages(rollouts: Sequence, cfg: AdvantageConfig):
+    """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags)."""
+    if not rollouts:
+        return [], [], np.zeros(0), np.zeros(0, bool)
+    groups = sorted({r.group_id for r in rollouts})
+    gidx = np.asarray([groups.index(r.group_id) for r in rollouts], np.int32)
+    rewards = np.asarray([r.reward for r in rollouts], np.float32)
+    trained = np.asarray([r.reason not in cfg.masked_reasons for r in rollouts])
+    counts = np.ones_like(trained) if cfg.masked_count_in_stats else trained
+    nseg = np.asarray([max(1, len(r.segments)) for r in rollouts], np.int32)
+    adv = np.asarray(ADVANTAGES[cfg.estimator](
+        jnp.asarray(rewards), jnp.asarray(gidx), jnp.asarray(counts), len(groups),
+        normalize_std=cfg.normalize_std, eps=cfg.eps, num_segments=jnp.asarray(nseg)))
+    segs, seg_adv = [], []
+    for r, a, t in zip(rollouts, adv, trained):
+        if t:
+            for s in r.segments:
+                segs.append(s)
+                seg_adv.append(float(a))
+    return segs, seg_adv, adv, trained
+
+
+def make_optimizer(lr: float = 1e-6, *, schedule: str = "constant", warmup_steps: int = 0,
+                   total_steps: int = 1000, weight_decay: float = 0.0, clip_norm: float = 1.0,
+                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+    if schedule == "constant":
+        sched = optax.constant_schedule(lr) if not warmup_steps else optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
+            [warmup_steps])
+    elif schedule == "warmup_cosine":
+        sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1),
+                                                   max(total_steps, warmup_steps + 1))
+    else:
+        raise ValueError(f"optim.schedule={schedule!r}: constant or warmup_cosine")
+    return optax.chain(optax.clip_by_global_norm(clip_norm),
+                       optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay))
+
+
+def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=None):
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(mb.inputs, mb.positions, segment_ids=mb.segment_ids)
+    logp = token_logprobs(logits, mb.targets, cfg.temperature)
+    entropy = None
+    if cfg.entropy_coef:
+        lp = jax.nn.log_softmax(logits / (cfg.temperature or 1.0), -1)
+        entropy = -jnp.sum(jnp.exp(lp) * lp, -1)
+    ref = None
+    if cfg.kl_coef:
+        ref_logits, _ = nnx.merge(graphdef, ref_params)(mb.inputs, mb.positions,
+                                                        segment_ids=mb.segment_ids)
+        ref = jax.lax.stop_gradient(token_logprobs(ref_logits, mb.targets, cfg.temperature))
+    return policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, eps_low=cfg.eps_low,
+                       eps_high=cfg.eps_high, aggregation=cfg.aggregation, ref_logp=ref,
+                       kl_coef=cfg.kl_coef, entropy=entropy, entropy_coef=cfg.entropy_coef,
+                       norm=norm)
+
+
+def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: int = 1,
+                   ref_params=None):
+    """Loss and gradient of the batch, accumulated over `micro` microbatches."""
+    norm = aggregation_norm(batch.mask, cfg.aggregation)
+    mbs = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch)
+    grad_fn = jax.value_and_grad(partial(_loss, graphdef), has_aux=True)
+
+    def body(acc, mb):
+        (loss, metrics), g = grad_fn(params, mb, norm, cfg, ref_params)
+        n = jnp.sum(mb.mask)
+        metrics = {k: v * n for k, v in metrics.items()}  # re-weighted to batch token means
+        acc = jax.tree.map(jnp.add, acc, (loss, metrics, g))
+        return acc, None
+
+    zeros_g = jax.tree.map(jnp.zeros_like, params)
+    _, m0 = jax.eval_shape(lambda: _loss(graphdef, params, jax.tree.map(lambda x: x[0], mbs),
+                                         norm, cfg, ref_params))
+    init = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in m0}, zeros_g)
+    (loss, metrics, grads), _ = jax.lax.scan(body, init, mbs)
+    tokens = jnp.maximum(jnp.sum(batch.mask), 1.0)
+    metrics = {k: v / tokens for k, v in metrics.items()}
+    return loss, metrics, grads
+
+
+@partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))
+def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossConfig,
+               micro: int = 1, ref_params=None):
+    loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads),
+                   tokens=jnp.sum(batch.mask))
+    return params, opt_state, metrics
