@@ -25,6 +25,8 @@ from supo_jax.rl.algo import ADVANTAGES, aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
 from supo_jax.sampling.sampler import token_logprobs
 
+_global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
+
 NO_ANSWER = ("max_summaries", "max_steps", "context_limit", "env_error", "timeout")
 
 
@@ -143,6 +145,6 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossC
     loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads),
+    metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
                    tokens=jnp.sum(batch.mask))
     return params, opt_state, metrics
