@@ -121,7 +121,7 @@ class RolloutState:
     summaries: int = 0
     generated_tokens: int = 0
     summary_lengths: tuple[int, ...] = ()
-    max_context: int = 0
+    max_context: int = 0               # longest sequence the policy attended over (request + output)
     pending: tuple[int, ...] = ()      # the summary request's context (context + instruction)
 
     @property
@@ -143,12 +143,18 @@ def request_tokens(fmt: ChatFormat, state: RolloutState) -> tuple[int, ...]:
     return tuple(base) + tuple(fmt.gen_prompt)
 
 
-def finish(state: RolloutState, reason: str, reward: float = 0.0, close: bool = True) -> RolloutState:
-    """End the rollout with `reason`; the open segment becomes a row if it holds trained tokens."""
+def finish(state: RolloutState, reason: str, reward: float = 0.0, close: bool = True,
+           end: int | None = None) -> RolloutState:
+    """End the rollout with `reason`; the open segment (cut at `end`: the policy never saw an
+    observation that followed its last action) becomes a row if it holds trained tokens."""
     segs = state.segments
     if close and any(state.mask):
-        segs = segs + (Segment(state.tokens, state.mask, state.logprobs),)
+        segs = segs + (_segment(state, end),)
     return dataclasses.replace(state, phase="done", reason=reason, reward=reward, segments=segs)
+
+
+def _segment(state: RolloutState, end: int | None = None) -> Segment:
+    return Segment(state.tokens[:end], state.mask[:end], state.logprobs[:end])
 
 
 def _extend(state: RolloutState, ids, mask_bit: int, lps=None) -> dict:
@@ -169,6 +175,8 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
         **_extend(state, gp, 0))
     with_action = dataclasses.replace(with_action, **_extend(with_action, action.tokens, 1,
                                                              action.logprobs))
+    with_action = dataclasses.replace(
+        with_action, max_context=max(state.max_context, len(with_action.tokens)))
     if done:
         return finish(with_action, "answer", reward)
     obs_ids = tuple(fmt.turn("assistant", "tool", observation, action.tokens))
@@ -177,24 +185,25 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
         turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
         messages=state.messages + ({"role": "assistant", "content": action.text},
                                    {"role": "tool", "content": observation}))
-    grown = dataclasses.replace(grown, max_context=max(state.max_context, grown.context_len))
+    grown = dataclasses.replace(grown, max_context=max(state.max_context, len(with_action.tokens)))
+    end = len(with_action.tokens)
     if cfg.manager == "window" and len(grown.turns) > cfg.window_turns:
-        return _cut(cfg, fmt, grown, steps)
+        return _cut(cfg, grown, steps, end)
     if grown.context_len < cfg.trigger:
         if steps >= cfg.max_steps:
-            return finish(grown, "max_steps")
+            return finish(grown, "max_steps", end=end)
         return grown
     # the context would reach L
     m = cfg.manager
     if m == "full":
-        return finish(grown, "context_limit")
+        return finish(grown, "context_limit", end=end)
     if m in ("truncate", "window"):
-        return _cut(cfg, fmt, grown, steps)
+        return _cut(cfg, grown, steps, end)
     # supo / frozen_summarizer
     if state.summaries >= cfg.max_summaries:
-        return finish(grown, "max_summaries")
+        return finish(grown, "max_summaries", end=end)
     if steps >= cfg.max_steps:
-        return finish(grown, "max_steps")
+        return finish(grown, "max_steps", end=end)
     base = grown if cfg.show_dropped_to_summarizer else state
     instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
@@ -216,8 +225,7 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
     seg = dataclasses.replace(state, **_extend(state, instr + gp, 0))
     seg = dataclasses.replace(seg, **_extend(seg, summary.tokens, 1 if trained else 0,
                                              summary.logprobs))
-    segments = state.segments + ((Segment(seg.tokens, seg.mask, seg.logprobs),)
-                                 if any(seg.mask) else ())
+    segments = state.segments + ((_segment(seg),) if any(seg.mask) else ())
     text = extract_summary(summary.text)
     if text is None:
         text = summary.text.strip()
@@ -233,7 +241,7 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
         summaries=state.summaries + 1, steps=steps,
         generated_tokens=state.generated_tokens + len(summary.tokens),
         summary_lengths=state.summary_lengths + (len(summary.tokens),),
-        max_context=max(state.max_context, len(seg.tokens) - len(summary.tokens)))
+        max_context=max(state.max_context, len(seg.tokens)))
     if steps >= cfg.max_steps:
         return finish(new, "max_steps", close=False)
     if new.context_len + len(gp) >= cfg.trigger:  # the summary alone does not fit the budget
@@ -241,7 +249,7 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
     return new
 
 
-def _cut(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, steps: int) -> RolloutState:
+def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int) -> RolloutState:
     """truncate/window: drop oldest turns; the cut context starts a new segment."""
     turns = list(state.turns)
     keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
@@ -253,9 +261,8 @@ def _cut(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, steps: int) -
     while keep and size(keep) >= cfg.trigger:
         keep = keep[1:]
     if not keep and size(keep) >= cfg.trigger:
-        return finish(state, "context_limit")
-    segs = state.segments + ((Segment(state.tokens, state.mask, state.logprobs),)
-                             if any(state.mask) else ())
+        return finish(state, "context_limit", end=end)
+    segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
     toks, new_turns = state.prefix, []
     for s, e in keep:
         new_turns.append((len(toks), len(toks) + e - s))

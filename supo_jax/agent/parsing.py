@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
-MAX_JSON_DEPTH = 32         # deeper nesting is rejected before json.loads
+MAX_JSON_DEPTH = 32         # deeper nesting of arrays/objects is rejected
 QUOTE_CHARS = 100           # most model text an error message repeats
 _TAG = re.compile(r"<(/?)tool_call>")
 _SUMMARY_CLOSE, _SUMMARY_OPEN = "</summary>", "<summary>"
@@ -52,15 +52,16 @@ def _error(msg: str) -> ParsedAction:
     return ParsedAction(kind="error", error=msg)
 
 
-def _json_depth(s: str) -> int:
-    """Bracket nesting depth of JSON text, ignoring brackets inside strings."""
-    if s.count("[") + s.count("{") <= MAX_JSON_DEPTH:
-        return 0  # cheap bound: cannot be too deep
-    depth = best = 0
-    for ch in re.findall(r'[\[\]{}]', re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)):
-        depth += 1 if ch in "[{" else -1
-        best = max(best, depth)
-    return best
+def _too_deep(obj, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON nests containers deeper than limit (iterative: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        if isinstance(o, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
 
 
 def _reject_constant(name):
@@ -118,16 +119,17 @@ def _check_object(obj: dict, schema: dict, where: str) -> str | None:
 
 def _parse_call(body: str, tools: dict[str, dict]) -> tuple[str, dict] | str:
     """One <tool_call> body -> (name, arguments), or an error message."""
-    if _json_depth(body) > MAX_JSON_DEPTH:
-        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-    try:
+    too_deep = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:  # the C decoder is linear-time; it raises RecursionError on extreme nesting
         obj = json.loads(body, parse_constant=_reject_constant)
     except RecursionError:
-        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        return too_deep
     except ValueError as e:  # JSONDecodeError, NaN/Infinity, over-long integers
         if isinstance(e, json.JSONDecodeError):
             return f"malformed JSON in tool call ({e.msg} near {quote(body[e.pos:e.pos + 30])})"
         return f"malformed JSON in tool call ({str(e)[:80]})"
+    if body.count("[") + body.count("{") > MAX_JSON_DEPTH and _too_deep(obj):
+        return too_deep
     if not isinstance(obj, dict):
         return f"the tool call must be a JSON object, got {_JSON_NAME.get(type(obj), 'value')}"
     if "name" not in obj:
@@ -139,7 +141,8 @@ def _parse_call(body: str, tools: dict[str, dict]) -> tuple[str, dict] | str:
         return f"unknown tool {quote(name)}; valid tools: {', '.join(sorted(tools))}"
     args = obj.get("arguments", {})
     if not isinstance(args, dict):
-        return f'"arguments" of {name} must be a JSON object, got {_JSON_NAME.get(type(args), "value")}'
+        got = _JSON_NAME.get(type(args), "value")
+        return f'"arguments" of {name} must be a JSON object, got {got}'
     err = _check_object(args, tools[name] or {}, name)
     return err if err is not None else (name, args)
 
@@ -200,6 +203,9 @@ def extract_summary(text: str) -> str | None:
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
-    """Canonical call text: '<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>'."""
+    """Canonical call text: '<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>'.
+
+    As in Hermes/Qwen, an argument value containing "</tool_call>" would not round-trip.
+    """
     payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"

@@ -1,0 +1,168 @@
+"""The batched rollout driver with scripted experts and with a real (tiny) policy."""
+import time
+
+import numpy as np
+import pytest
+
+from supo_jax.agent.context import ContextConfig
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.rollout import PolicyActor, Rollout, ScriptedActor, run_rollouts, summarize
+from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, make_env, make_tasks
+from supo_jax.envs.fncall import expert_for
+from supo_jax.model.policy import new_policy
+from supo_jax.model.tiny import tiny_config, tiny_tokenizer
+from supo_jax.sampling.sampler import SamplingParams
+
+FAMILIES = ["tallest", "pages", "chain", "graph"]
+
+
+@pytest.fixture(scope="module")
+def fmt():
+    return ChatFormat(tiny_tokenizer())
+
+
+def _run(fmt, name, cfg, n=3, group=2, rows=4, actor=None, **kw):
+    tasks = make_tasks(name, "train", n, seed=0, size=12)
+    actor = actor or ScriptedActor(expert_for(name), fmt)
+    return run_rollouts(actor, lambda: make_env(name), tasks, fmt, cfg, group_size=group,
+                        rows=rows, **kw)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_succeeds_with_supo_and_fails_with_full_at_same_W(fmt, family):
+    name = f"fncall/{family}"
+    W = 1350
+    supo = _run(fmt, name, ContextConfig("supo", W, max_steps=200, max_summaries=10))
+    full = _run(fmt, name, ContextConfig("full", W, max_steps=200))
+    assert all(r.reason == "answer" and r.reward == 1.0 for r in supo)
+    assert sum(r.counters["summaries"] for r in supo) > 0
+    assert summarize(full)["success_rate"] < 1.0
+    assert any(r.reason == "context_limit" for r in full)
+    # with a context large enough for the whole history, full succeeds too
+    big = _run(fmt, name, ContextConfig("full", 20_000, max_steps=200))
+    assert all(r.reward == 1.0 for r in big)
+
+
+def test_segment_invariants(fmt):
+    cfg = ContextConfig("supo", 1350, max_steps=200, max_summaries=10, max_action_tokens=96)
+    instr = len(fmt.turn("tool", "user", cfg.summary_instruction))
+    bound = cfg.trigger + instr + len(fmt.gen_prompt) + cfg.max_action_tokens + cfg.max_summary_tokens
+    for r in _run(fmt, "fncall/pages", cfg, n=4):
+        assert r.reason == "answer"
+        assert len(r.segments) == r.counters["summaries"] + 1
+        for s in r.segments:
+            assert len(s.tokens) <= bound
+            assert len(s.tokens) == len(s.mask) == len(s.logprobs)
+        prefix = None
+        for s in r.segments[1:]:
+            # every segment after a summary starts with s1 followed by the continuation turn
+            prefix = prefix or _common(r.segments[0].tokens, s.tokens)
+            assert prefix > 0 and s.tokens[:prefix] == r.segments[0].tokens[:prefix]
+            cont = fmt.decode(s.tokens[prefix:prefix + 200])
+            assert "We are in the following stage" in cont
+        # the summary ends each non-final segment and is trained
+        for s in r.segments[:-1]:
+            assert "</summary>" in fmt.decode(s.tokens[-40:]) and s.mask[-1] == 1
+
+
+def _common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_caps_are_respected(fmt):
+    r = _run(fmt, "fncall/chain", ContextConfig("supo", 1350, max_steps=200, max_summaries=0))
+    assert all(x.reason == "max_summaries" and x.counters["summaries"] == 0 for x in r)
+    r = _run(fmt, "fncall/chain", ContextConfig("supo", 1350, max_steps=5, max_summaries=10))
+    assert all(x.reason == "max_steps" and x.counters["steps"] == 5 for x in r)
+
+
+def test_truncate_and_window_managers_run(fmt):
+    for m in ("truncate", "window"):
+        ro = _run(fmt, "fncall/tallest", ContextConfig(m, 1350, max_steps=40, window_turns=3))
+        for r in ro:
+            assert r.reason in ("answer", "max_steps")
+            assert r.counters["max_context"] <= 1350 + 96
+            assert len(r.segments) >= 2   # cutting the context starts a new segment
+
+
+class _Flaky(Environment):
+    name = "flaky"
+    tools = (ToolSpec("ping", "ping", {"type": "object", "properties": {}}),)
+
+    def reset(self, task):
+        self.mode = task["mode"]
+        return Reset("Ping until done.", list(self.tools))
+
+    def step(self, name, arguments):
+        if self.mode == "crash":
+            raise RuntimeError("backend exploded")
+        if self.mode == "hang":
+            time.sleep(3)
+        return StepResult("pong")
+
+
+def test_env_failures_end_only_their_rollout(fmt):
+    class Pinger:
+        def act(self, messages, summarize):
+            return '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+    tasks = [{"task_id": m, "mode": m} for m in ("ok", "crash", "hang")]
+    ro = run_rollouts(ScriptedActor(Pinger(), fmt), _Flaky, tasks, fmt,
+                      ContextConfig("full", 2000, max_steps=3), rows=3, env_timeout_s=0.5)
+    assert [r.reason for r in ro] == ["max_steps", "env_error", "timeout"]
+    assert "backend exploded" in ro[1].transcript[-1]["content"]
+
+
+def test_initial_prompt_larger_than_W_fails_fast(fmt):
+    with pytest.raises(ValueError, match="working_context"):
+        _run(fmt, "fncall/pages", ContextConfig("supo", 300))
+
+
+class _Recorder:
+    """Wraps an actor and records every (request tokens, output) the sampler produced."""
+
+    def __init__(self, actor):
+        self.actor, self.seen = actor, []
+
+    def act(self, reqs):
+        out = self.actor.act(reqs)
+        for r, g in zip(reqs, out):
+            self.seen.append((tuple(r.tokens) + tuple(g.tokens), tuple(g.logprobs)))
+        return out
+
+
+def test_policy_rollouts_train_on_exactly_what_the_sampler_saw(fmt):
+    pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
+    cfg = ContextConfig("supo", 1100, max_steps=6, max_summaries=2, max_action_tokens=40,
+                        max_summary_tokens=24)
+    tasks = make_tasks("fncall/tallest", "train", 2, seed=0, size=12)
+
+    def go(seed):
+        actor = PolicyActor(pol, fmt, rows=4, max_len=cfg.cache_len(120, 8),
+                            sampling=SamplingParams(1.0), seed=seed)
+        rec = _Recorder(actor)
+        ro = run_rollouts(rec, lambda: make_env("fncall/tallest"), tasks, fmt, cfg, group_size=2,
+                          rows=4)
+        return ro, rec, actor
+
+    ro, rec, actor = go(0)
+    seen = {toks: lps for toks, lps in rec.seen}
+    n_seg = 0
+    for r in ro:
+        assert r.reason in ("max_steps", "max_summaries", "context_limit", "answer")
+        for s in r.segments:
+            n_seg += 1
+            assert s.tokens in seen   # a segment is one request + its sampled continuation
+            gen = [lp for lp, m in zip(s.logprobs, s.mask) if m]
+            assert np.allclose(gen[-len(seen[s.tokens]):], seen[s.tokens])
+    assert n_seg >= len(ro)
+    total_requested = sum(len(t) - len(l) for t, l in rec.seen)
+    assert actor.prefilled < 0.5 * total_requested    # the KV cache is reused across turns
+    ro2, _, _ = go(0)
+    assert [r.to_json() for r in ro] == [r.to_json() for r in ro2]    # same seed, same rollouts
+    ro3, _, _ = go(1)
+    assert [r.to_json() for r in ro] != [r.to_json() for r in ro3]
+    assert Rollout.from_json(ro[0].to_json()).to_json() == ro[0].to_json()
