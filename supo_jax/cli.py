@@ -34,6 +34,131 @@ def _cmd_export(args) -> None:
     print(f"wrote {args.out} ({policy.config.num_params / 1e6:.1f}M parameters)")
 
 
+def _config(args):
+    from supo_jax.config import load_config
+
+    return load_config(args.config, args.set or [])
+
+
+def _cmd_train(args) -> None:
+    import os
+
+    from supo_jax.rl.trainer import summary_table, train
+
+    cfg = _config(args)
+    out = train(cfg)
+    print(summary_table(out["history"], out["eval"]))
+    print(f"logs: {os.path.join(cfg.train.run_dir, 'metrics.jsonl')} and "
+          f"{os.path.join(cfg.train.run_dir, 'tb')} (tensorboard --logdir {cfg.train.run_dir}); "
+          f"checkpoints: {os.path.join(cfg.train.run_dir, 'checkpoints')}; "
+          f"HF export: {out.get('export')}")
+
+
+def _restore_policy(cfg, mesh=None):
+    """The run's latest policy (checkpoint in run_dir) or the configured one."""
+    import os
+
+    from supo_jax.checkpoint import RunCheckpoints
+    from supo_jax.rl.trainer import build_policy
+
+    policy = build_policy(cfg, cfg.train.run_dir, mesh)
+    ck = os.path.join(cfg.train.run_dir, "checkpoints")
+    if os.path.isdir(ck):
+        from flax import nnx
+        import orbax.checkpoint as ocp
+        mgr = RunCheckpoints(ck)
+        steps = mgr.steps()
+        if steps:
+            _, params = policy.split()
+            abstract = jax_abstract(params)
+            got = mgr.manager.restore(steps[-1], args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract)))
+            nnx.update(policy.model, got["params"])
+            print(f"policy: {ck} step {steps[-1]}")
+        mgr.close()
+    return policy
+
+
+def jax_abstract(tree):
+    import jax
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _cmd_eval(args) -> None:
+    import json
+    import os
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.rl.trainer import evaluate
+
+    cfg = _config(args)
+    policy = _restore_policy(cfg)
+    fmt = ChatFormat(policy.tokenizer)
+    caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
+    rows = [evaluate(policy, fmt, cfg, max_summaries=c, seed=cfg.train.seed) for c in caps]
+    keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
+            "working_context_mean", "overlong_rate"]
+    print(" | ".join(f"{k:>20s}" for k in keys))
+    for r in rows:
+        print(" | ".join(f"{r[k]:>20.3f}" if isinstance(r[k], float) else f"{r[k]:>20}" for k in keys))
+    os.makedirs(cfg.train.run_dir, exist_ok=True)
+    out = os.path.join(cfg.train.run_dir, "eval_scaling.json")
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=2)
+    print(f"saved {out}")
+
+
+def _cmd_sft(args) -> None:
+    import os
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.rl.trainer import build_policy, warm_start
+
+    cfg = _config(args)
+    os.makedirs(cfg.train.run_dir, exist_ok=True)
+    policy = build_policy(cfg, cfg.train.run_dir)
+    report = warm_start(policy, ChatFormat(policy.tokenizer), cfg)
+    out = os.path.join(cfg.train.run_dir, "sft")
+    policy.save_pretrained(out)
+    print(report)
+    print(f"saved {out} (use it with --set train.init_from={out})")
+
+
+def _cmd_rollout(args) -> None:
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
+    from supo_jax.config import apply_overrides, load_config
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.envs.experts import expert_for
+
+    sets = [f"env.name={args.env}", f"context.manager={args.context}"] + (args.set or [])
+    if args.policy != "scripted":
+        sets.append(f"model.path={args.policy}")
+    cfg = load_config(args.config, sets)
+    tasks = make_tasks(cfg.env.name, args.split, args.num, seed=cfg.env.seed, **cfg.env.knobs)
+    if args.policy == "scripted":
+        from supo_jax.model.tiny import tiny_tokenizer
+        from supo_jax.rl.trainer import _env_corpus
+        fmt = ChatFormat(tiny_tokenizer(extra_corpus=_env_corpus(cfg)))
+        ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
+                          lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
+                          rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
+    else:
+        from supo_jax.rl.trainer import build_policy, rollout_batch
+        policy = build_policy(cfg)
+        if policy.tokenizer is None:
+            raise ValueError(f"{args.policy} has no tokenizer")
+        fmt = ChatFormat(policy.tokenizer)
+        ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
+    write_jsonl(ro, args.out)
+    s = summarize(ro)
+    for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
+              "working_context_mean", "working_context_max", "summary_state_share", "reasons"):
+        print(f"{k:24s} {s[k]}")
+    print(f"wrote {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supo-jax", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -50,6 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True)
     e.add_argument("--dtype", default="float32")
     e.set_defaults(fn=_cmd_export)
+    for name, fn, help_ in (("train", _cmd_train, "SUPO RL training (default: tiny CPU run)"),
+                            ("eval", _cmd_eval, "evaluate a run's policy on the held-out split"),
+                            ("sft", _cmd_sft, "SFT warm start on demonstrations")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--config", default=None, help="experiments/configs/NAME.py")
+        c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
+        if name == "eval":
+            c.add_argument("--max-summaries", default="", help="comma list, e.g. 0,2,4,8")
+        c.set_defaults(fn=fn)
+    r = sub.add_parser("rollout", help="run rollouts and write them as JSONL")
+    r.add_argument("--env", required=True)
+    r.add_argument("--policy", default="scripted", help="'scripted' or a model path")
+    r.add_argument("--context", default="supo", help="supo | full | truncate | window")
+    r.add_argument("--config", default=None)
+    r.add_argument("--set", action="append", metavar="KEY=VALUE")
+    r.add_argument("--num", type=int, default=8)
+    r.add_argument("--split", default="eval")
+    r.add_argument("--out", default="rollouts.jsonl")
+    r.set_defaults(fn=_cmd_rollout)
     return p
 
 

@@ -102,6 +102,7 @@ class Rollout:
     counters: dict
     transcript: list[dict]
     summaries_text: list[str] = dataclasses.field(default_factory=list)
+    summary_probes: list = dataclasses.field(default_factory=list)  # env.probe per summary
 
     @property
     def answered(self) -> bool:
@@ -140,6 +141,7 @@ class _Row:
         self.env, self.state = env, state
         self.transcript: list[dict] = list(state.messages)
         self.summaries: list[str] = []
+        self.probes: list = []
 
 
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
@@ -169,6 +171,7 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
             task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
             sample=row.sample, segments=list(st.segments), reward=float(st.reward),
             reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
+            summary_probes=row.probes,
             counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
                           generated_tokens=st.generated_tokens,
                           summary_lengths=list(st.summary_lengths),
@@ -241,6 +244,10 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
                 r.transcript += [{"role": "user", "content": cfg.summary_instruction},
                                  {"role": "assistant", "content": text, "summary": True}]
                 r.summaries.append(text)
+                try:  # does the summary carry the state needed to continue? (a metric)
+                    r.probes.append(r.env.probe(text))
+                except Exception:  # noqa: BLE001
+                    r.probes.append(None)
                 r.state = C.after_summary(cfg, fmt, r.state, turn,
                                           trained=cfg.manager != "frozen_summarizer")
                 r.transcript.append(dict(r.state.messages[-1], continuation=True))
@@ -279,6 +286,15 @@ def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:
             f.write(json.dumps(r.to_json()) + "\n")
 
 
+def _share(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(map(bool, xs)) / len(xs) if xs else float("nan")
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def summarize(rollouts: Sequence[Rollout]) -> dict:
     """Aggregate metrics of SUPO.md §7 over a batch of rollouts."""
     n = max(1, len(rollouts))
@@ -297,6 +313,8 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "working_context_max": max((r.counters["max_context"] for r in rollouts), default=0),
         "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
         "overlong_rate": sum(not r.answered for r in rollouts) / n,
+        "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
+        "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
         "reasons": {k: sum(r.reason == k for r in rollouts) for k in C.REASONS
                     if any(r.reason == k for r in rollouts)},
     }

@@ -56,8 +56,12 @@ error: malformed JSON, unknown tool, missing argument, wrong type. result true f
 """
 
 
-def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512):
-    """A byte-level BPE PreTrainedTokenizerFast with the chat template above."""
+def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corpus=()):
+    """A byte-level BPE PreTrainedTokenizerFast with the chat template above.
+
+    extra_corpus: texts (e.g. an environment's prompts and tool calls) to train the
+    merges on as well, so those texts take few tokens.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -67,7 +71,7 @@ def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([_CORPUS] * 4 + list(extra_corpus), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>", bos_token=None)
     fast.add_tokens(ADDED_TOKENS)

@@ -32,6 +32,7 @@ NO_ANSWER = ("max_summaries", "max_steps", "context_limit", "env_error", "timeou
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
+    objective: str = "ppo"       # "ppo" (the SUPO loss) | "sft" (NLL of the masked tokens)
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: str = "token-mean"
@@ -40,6 +41,8 @@ class LossConfig:
     temperature: float = 1.0     # the sampler's temperature: logprobs use the same convention
 
     def __post_init__(self):
+        if self.objective not in ("ppo", "sft"):
+            raise ValueError(f"loss.objective={self.objective!r}: ppo or sft")
         if self.aggregation not in ("token-mean", "sequence-mean"):
             raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
 
@@ -100,10 +103,14 @@ def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=No
     model = nnx.merge(graphdef, params)
     logits, _ = model(mb.inputs, mb.positions, segment_ids=mb.segment_ids)
     logp = token_logprobs(logits, mb.targets, cfg.temperature)
-    entropy = None
-    if cfg.entropy_coef:
-        lp = jax.nn.log_softmax(logits / (cfg.temperature or 1.0), -1)
-        entropy = -jnp.sum(jnp.exp(lp) * lp, -1)
+    lp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / (cfg.temperature or 1.0), -1)
+    entropy = -jnp.sum(jnp.exp(lp_all) * lp_all, -1)
+    if not cfg.entropy_coef:
+        entropy = jax.lax.stop_gradient(entropy)   # reported only
+    if cfg.objective == "sft":
+        mask = mb.mask.astype(jnp.float32)
+        n = jnp.maximum(mask.sum(), 1.0)
+        return -jnp.sum(logp * mask) / norm, {"entropy": jnp.sum(entropy * mask) / n}
     ref = None
     if cfg.kl_coef:
         ref_logits, _ = nnx.merge(graphdef, ref_params)(mb.inputs, mb.positions,

@@ -1,0 +1,85 @@
+"""Orbax checkpoints of a run: params, optimizer state, and a JSON record
+(step, RNG seed/state, task-stream position, model fingerprint).
+
+Async save, keep-last-N, automatic resume from the latest step. If the latest
+checkpoint cannot be restored (truncated or corrupt files), a warning names it
+and the previous one is used. Multi-host: every process calls save/restore;
+Orbax writes collectively.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import warnings
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class RunCheckpoints:
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=async_save))
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, params, opt_state, meta: dict) -> None:
+        self.manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta)))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def read_meta(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore_latest(self, params_like, opt_state_like):
+        """(step, params, opt_state, meta) of the newest restorable checkpoint, or None.
+
+        params_like / opt_state_like: pytrees of arrays (or ShapeDtypeStructs with
+        shardings) giving the structure, dtypes and shardings to restore into.
+        """
+        def abstract(tree):
+            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=getattr(x, "sharding", None)),
+                                tree)
+
+        for step in reversed(self.steps()):
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(abstract(params_like)),
+                    opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+                    meta=ocp.args.JsonRestore()))
+                return step, out["params"], out["opt_state"], out["meta"]
+            except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
+                moved = self._set_aside(step)
+                msg = (f"checkpoint step {step} in {self.directory} cannot be restored "
+                       f"({type(e).__name__}: {str(e)[:200]}); moved to {moved}; "
+                       "falling back to an earlier one")
+                warnings.warn(msg)
+                log.warning(msg)
+        return None
+
+    def _set_aside(self, step: int) -> str:
+        """Move an unusable step out of the manager's directory (keeps it for inspection)."""
+        src = os.path.join(self.directory, str(step))
+        dst = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints",
+                           f"{step}-{int(time.time())}")
+        if jax.process_index() == 0 and os.path.isdir(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.move(src, dst)
+        self.manager.reload()
+        return dst
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,271 @@
+"""Configuration: frozen dataclasses, one experiment = one config file.
+
+A config file (experiments/configs/NAME.py) defines `config() -> Config`.
+Overrides are `section.field=value` strings (`--set` on the command line);
+values are parsed as Python literals / JSON and checked against the field's
+type. An unknown key or a bad value fails at start, naming the key.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import types
+import typing
+from typing import Any, Sequence
+
+from supo_jax.agent.context import ContextConfig
+from supo_jax.rl.train_step import AdvantageConfig, LossConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    path: str = ""                 # HF dir or .gguf; "" = a tiny random policy (tiny_* fields)
+    dtype: str = "float32"         # parameter (master) dtype
+    compute_dtype: str = ""        # "" = same as dtype
+    remat: bool = False
+    tiny_family: str = "qwen2"
+    tiny_hidden: int = 64
+    tiny_layers: int = 2
+    tiny_heads: int = 4
+    tiny_kv_heads: int = 2
+    tiny_mlp: int = 128
+    tiny_vocab: int = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    name: str = "fncall/tallest"
+    knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
+    eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
+    train_tasks: int = 4096
+    eval_tasks: int = 32
+    seed: int = 0
+    timeout_s: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    tasks_per_step: int = 8        # B prompts per RL step
+    group_size: int = 8            # G samples per prompt
+    rows: int = 64                 # concurrent sampler rows
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    lr: float = 1e-6
+    schedule: str = "constant"     # constant | warmup_cosine
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    minibatch_rows: int = 16       # rows per optimizer update
+    micro: int = 1                 # microbatches per minibatch (gradient accumulation)
+    ppo_epochs: int = 1
+    max_row_len: int = 0           # 0 = the context bound (ContextConfig.cache_len)
+    pack: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    steps: int = 100
+    seed: int = 0
+    run_dir: str = "runs/default"
+    save_every: int = 10
+    keep: int = 3
+    eval_every: int = 0            # 0 = only at the end
+    eval_max_summaries: tuple = ()  # extra summary caps evaluated at the end
+    init_from: str = ""            # a checkpoint / HF dir to start from ("" = model.path)
+    sft_warm_start: bool = True    # tiny policies with no init: SFT on expert demos first
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    demos: str = "expert"          # "expert" (scripted experts' rollouts) or a JSONL path
+    num_demos: int = 64
+    steps: int = 200
+    lr: float = 3e-3
+    batch_rows: int = 8
+    summary_drop: float = 0.0      # imperfect expert summaries on purpose
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelSection = ModelSection()
+    env: EnvSection = EnvSection()
+    context: ContextConfig = ContextConfig()
+    rollout: RolloutSection = RolloutSection()
+    advantage: AdvantageConfig = AdvantageConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+    sft: SFTSection = SFTSection()
+    mesh: MeshSection = MeshSection()
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _coerce(key: str, value: Any, tp) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, value, a)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: {value!r} does not match {tp}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        return str(value)
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a dict, got {value!r}")
+        return value
+    if tp is tuple or origin is tuple:
+        if isinstance(value, (int, float, str)):
+            value = (value,)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        if args and args[-1] is not Ellipsis and len(args) == 1:
+            return tuple(_coerce(key, v, args[0]) for v in value)
+        if args and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(key, v, args[0]) for v in value)
+        return tuple(value)
+    return value
+
+
+def _parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        pass
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def apply_overrides(cfg, overrides: Sequence[str]):
+    """Return cfg with `a.b=value` overrides applied (dict fields accept a.b.key=value)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        cfg = _set(cfg, key.strip().split("."), _parse_value(text.strip()), key.strip())
+    return validate(cfg)
+
+
+def _set(obj, path, value, full):
+    if not dataclasses.is_dataclass(obj):
+        if isinstance(obj, dict):
+            d = dict(obj)
+            if len(path) == 1:
+                d[path[0]] = value
+            else:
+                d[path[0]] = _set(d.get(path[0], {}), path[1:], value, full)
+            return d
+        raise ConfigError(f"unknown config key {full!r}")
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    name = path[0]
+    if name not in fields:
+        raise ConfigError(f"unknown config key {full!r} (valid here: {', '.join(fields)})")
+    hints = typing.get_type_hints(type(obj))
+    cur = getattr(obj, name)
+    if len(path) == 1:
+        if dataclasses.is_dataclass(cur):
+            raise ConfigError(f"config key {full!r} is a section; set one of its fields")
+        new = _coerce(full, value, hints[name])
+    else:
+        new = _set(cur, path[1:], value, full)
+    try:
+        return dataclasses.replace(obj, **{name: new})
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{full}: {e}") from None
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that single sections cannot do."""
+    if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
+        raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
+    if cfg.optim.minibatch_rows % cfg.optim.micro:
+        raise ConfigError(f"optim.minibatch_rows={cfg.optim.minibatch_rows} is not a multiple of "
+                          f"optim.micro={cfg.optim.micro}")
+    if cfg.optim.pack and cfg.loss.aggregation == "sequence-mean":
+        raise ConfigError("optim.pack=true needs loss.aggregation=token-mean")
+    if cfg.model.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
+    return cfg
+
+
+def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Config from a file defining config() (or the embedded default), plus overrides."""
+    if path is None:
+        cfg = Config()
+    else:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} does not exist")
+        spec = importlib.util.spec_from_file_location("supo_jax_user_config", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if not hasattr(mod, "config"):
+            raise ConfigError(f"{path} does not define config()")
+        cfg = mod.config()
+        if not isinstance(cfg, Config):
+            raise ConfigError(f"{path}: config() must return supo_jax.config.Config")
+    return apply_overrides(cfg, overrides)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict, cls=Config):
+    """Inverse of to_dict (resolved configs saved in run directories)."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ConfigError(f"unknown config key {sorted(unknown)[0]!r} in {cls.__name__}")
+    kwargs = {}
+    for k, v in d.items():
+        tp = hints[k]
+        kwargs[k] = from_dict(v, tp) if dataclasses.is_dataclass(tp) else _coerce(k, v, tp)
+    return cls(**kwargs)

@@ -1,0 +1,97 @@
+"""SFT warm start with the same segment machinery: loss only on assistant tokens
+(actions and summaries). Demonstrations are the scripted experts' rollouts
+through the real loop, or a JSONL of conversations.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+from supo_jax.agent.context import ContextConfig, Segment
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+
+
+def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: ContextConfig,
+                    *, summary_drop: float = 0.0, seed: int = 0, only_successful: bool = True):
+    """Segments of scripted-expert rollouts (mask 1 on the expert's actions and summaries)."""
+    from supo_jax.envs import make_env
+    from supo_jax.envs.fncall import expert_for
+
+    actor = ScriptedActor(expert_for(env_name, summary_drop=summary_drop, seed=seed), fmt)
+    ro = run_rollouts(actor, lambda: make_env(env_name), tasks, fmt, ctx, rows=16)
+    return [s for r in ro if (r.reward > 0 or not only_successful) for s in r.segments], ro
+
+
+def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> Segment:
+    """One segment from a chat: the prompt up to the first assistant turn, then turns.
+
+    Assistant contents are trained (plus their end-of-turn token); everything else is context.
+    """
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None or first == 0:
+        raise ValueError("a demonstration needs a prompt followed by at least one assistant turn")
+    toks = list(fmt.prompt(list(messages[:first]), tools))
+    mask = [0] * len(toks)
+    prev, last_action = "user", ()
+    for m in messages[first:]:
+        if m["role"] == "assistant":
+            ids = list(fmt.gen_prompt)
+            toks += ids
+            mask += [0] * len(ids)
+            action = fmt.encode(m["content"]) + [fmt.stop_id]
+            toks += action
+            mask += [1] * len(action)
+            last_action = tuple(action)
+        else:
+            ids = fmt.turn(prev, m["role"], m["content"], last_action)
+            toks += ids
+            mask += [0] * len(ids)
+        prev = m["role"]
+    return Segment(tuple(toks), tuple(mask), (0.0,) * len(toks))
+
+
+def jsonl_segments(fmt: ChatFormat, path: str) -> list[Segment]:
+    """{"messages": [...], "tools": [...]} per line."""
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                out.append(conversation_segment(fmt, d["messages"], d.get("tools")))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
+    return out
+
+
+def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, batch_rows: int,
+              max_len: int, seed: int = 0, progress=None) -> list[dict]:
+    """Train `policy` in place on the segments' masked tokens; returns per-step metrics."""
+    from flax import nnx
+
+    from supo_jax.rl.batch import build_batch
+    from supo_jax.rl.train_step import LossConfig, make_optimizer, train_step
+
+    if not segments:
+        raise ValueError("no demonstrations to train on")
+    graphdef, params = policy.split()
+    tx = make_optimizer(lr, schedule="warmup_cosine", warmup_steps=max(1, steps // 10),
+                        total_steps=steps)
+    opt_state = tx.init(params)
+    cfg = LossConfig(objective="sft")
+    rng = np.random.default_rng(seed)
+    history = []
+    for step in range(steps):
+        idx = rng.choice(len(segments), size=min(batch_rows, len(segments)), replace=False)
+        batch = build_batch([segments[i] for i in idx], [0.0] * len(idx), max_len=max_len,
+                            rows_multiple=batch_rows)
+        params, opt_state, m = train_step(graphdef, params, opt_state, batch, tx=tx, cfg=cfg)
+        nnx.update(policy.model, params)
+        history.append({"step": step, "loss": float(m["loss"]), "entropy": float(m["entropy"])})
+        if progress:
+            progress(history[-1])
+    return history
