@@ -201,7 +201,7 @@ def test_fuzz_all_envs(no_side_effects):
         tools = {t.name: t.parameters for t in env.tools}
         for _ in range(N_PER_ENV):
             # one case at a time: the tools may change at each reset ("fncall" mixes families)
-            [(text, must_error)] = cases(rng, tools, 1, value_errors=name.startswith("fncall"),
+            [(text, must_error)] = cases(rng, tools, 1, value_errors=True,  # any env may reject argument values
                                          max_calls=env.max_calls_per_step)
             t0 = time.perf_counter()
             parsed = parse_action(text, tools, env.answer_tool, env.max_calls_per_step)

@@ -18,7 +18,7 @@ def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: 
                     *, summary_drop: float = 0.0, seed: int = 0, only_successful: bool = True):
     """Segments of scripted-expert rollouts (mask 1 on the expert's actions and summaries)."""
     from supo_jax.envs import make_env
-    from supo_jax.envs.fncall import expert_for
+    from supo_jax.envs.experts import expert_for
 
     actor = ScriptedActor(expert_for(env_name, summary_drop=summary_drop, seed=seed), fmt)
     ro = run_rollouts(actor, lambda: make_env(env_name), tasks, fmt, ctx, rows=16)
