@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import time
 import warnings
 
 import jax
@@ -27,11 +25,15 @@ class RunCheckpoints:
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                  enable_async_checkpointing=async_save))
+        self.bad_steps: set[int] = set()
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, params, opt_state, meta: dict) -> None:
+        if step in self.bad_steps:  # an unreadable leftover of an interrupted run
+            self.manager.delete(step)
+            self.bad_steps.discard(step)
         self.manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta)))
@@ -45,40 +47,28 @@ class RunCheckpoints:
     def restore_latest(self, params_like, opt_state_like):
         """(step, params, opt_state, meta) of the newest restorable checkpoint, or None.
 
-        params_like / opt_state_like: pytrees of arrays (or ShapeDtypeStructs with
-        shardings) giving the structure, dtypes and shardings to restore into.
+        params_like / opt_state_like: pytrees of arrays giving the structure, dtypes and
+        shardings to restore into. A step that fails to restore is skipped with a warning
+        (it stays on disk until the replayed run saves that step again).
         """
         def abstract(tree):
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=getattr(x, "sharding", None)),
-                                tree)
+                                                               sharding=x.sharding), tree)
 
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract(params_like)),
+                                  opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+                                  meta=ocp.args.JsonRestore())
         for step in reversed(self.steps()):
             try:
-                out = self.manager.restore(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardRestore(abstract(params_like)),
-                    opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
-                    meta=ocp.args.JsonRestore()))
+                out = self.manager.restore(step, args=args)
                 return step, out["params"], out["opt_state"], out["meta"]
             except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
-                moved = self._set_aside(step)
+                self.bad_steps.add(step)
                 msg = (f"checkpoint step {step} in {self.directory} cannot be restored "
-                       f"({type(e).__name__}: {str(e)[:200]}); moved to {moved}; "
-                       "falling back to an earlier one")
+                       f"({type(e).__name__}: {str(e)[:200]}); falling back to an earlier one")
                 warnings.warn(msg)
                 log.warning(msg)
         return None
-
-    def _set_aside(self, step: int) -> str:
-        """Move an unusable step out of the manager's directory (keeps it for inspection)."""
-        src = os.path.join(self.directory, str(step))
-        dst = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints",
-                           f"{step}-{int(time.time())}")
-        if jax.process_index() == 0 and os.path.isdir(src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.move(src, dst)
-        self.manager.reload()
-        return dst
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -199,9 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from supo_jax.utils import enable_compile_cache
+
+    enable_compile_cache()
     try:
         args.fn(args)
-    except (FileNotFoundError, ValueError, KeyError, IndexError) as e:
+    except (FileNotFoundError, ValueError, KeyError, IndexError, OSError) as e:
         print(f"supo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

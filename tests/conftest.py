@@ -8,7 +8,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
 
-jax.config.update("jax_compilation_cache_dir",
-                  os.environ.get("SUPO_JAX_COMPILE_CACHE",
-                                 os.path.join(tempfile.gettempdir(), "supo_jax_compile_cache")))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+os.environ.setdefault("SUPO_JAX_COMPILE_CACHE",
+                      os.path.join(tempfile.gettempdir(), "supo_jax_compile_cache"))
+from supo_jax.utils import enable_compile_cache  # noqa: E402
+
+enable_compile_cache()

@@ -188,6 +188,10 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
         segs, ro = expert_segments(fmt, cfg.env.name, tasks, cfg.context,
                                    summary_drop=s.summary_drop, seed=cfg.train.seed)
         demo_success = summarize(ro)["success_rate"]
+        if not segs:
+            raise ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks "
+                             f"under this context config (reasons: {summarize(ro)['reasons']}); "
+                             "raise context.max_steps / max_summaries / working_context")
     else:
         segs, demo_success = jsonl_segments(fmt, s.demos), float("nan")
     bar = _bar(s.steps, "sft", progress)
@@ -240,7 +244,7 @@ def train(cfg: C.Config) -> dict:
                         total_steps=cfg.train.steps, weight_decay=o.weight_decay,
                         clip_norm=o.clip_norm)
     graphdef, params = policy.split()
-    opt_state = tx.init(params)
+    opt_state = init_opt_state(tx, params, mesh)
     ckpts = RunCheckpoints(os.path.join(run_dir, "checkpoints"), keep=cfg.train.keep)
     restored = ckpts.restore_latest(params, opt_state)
     report: dict = {}
@@ -255,7 +259,7 @@ def train(cfg: C.Config) -> dict:
         if not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
             report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
             graphdef, params = policy.split()
-            opt_state = tx.init(params)
+            opt_state = init_opt_state(tx, params, mesh)
             ckpts.save(0, params, opt_state, {"step": 0, "seed": cfg.train.seed,
                                               "task_position": 0, "model_fingerprint": fp,
                                               "warm_start": report})
@@ -333,6 +337,19 @@ def train(cfg: C.Config) -> dict:
         policy.save_pretrained(export)
         result["export"] = export
     return result
+
+
+def init_opt_state(tx, params, mesh):
+    """Optimizer state with every leaf placed: moments follow their parameters' shardings,
+    scalars (step counts) are replicated over the mesh (restores then match exactly)."""
+    opt_state = tx.init(params)
+    if mesh is None:
+        return opt_state
+    from jax.sharding import NamedSharding
+
+    from supo_jax.model.sharding import replicated
+    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
+                        else jax.device_put(x, replicated(mesh)), opt_state)
 
 
 def hash_seed(seed: int, step: int) -> int:

@@ -1,0 +1,121 @@
+"""Trainer runs: exact resume after kill -9, corrupt checkpoints, metrics, config errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from supo_jax.checkpoint import RunCheckpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
+# rewards are all zero for an untrained tiny policy: train unmasked rows with an entropy
+# bonus so that every update really changes the parameters the next rollouts use
+SETS = ["train.steps=4", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05"]
+
+
+ENV = dict(os.environ, XLA_FLAGS="")   # one CPU device: the fastest trainer runs
+
+
+def _cmd(run_dir, *extra):
+    args = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
+            "--set", f"train.run_dir={run_dir}"]
+    for s in SETS + list(extra):
+        args += ["--set", s]
+    return args
+
+
+def _metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return [{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("straight"))
+    r = subprocess.run(_cmd(d), env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d, r.stdout
+
+
+def test_metrics_jsonl_and_tensorboard(straight_run):
+    d, out = straight_run
+    rows = _metrics(d)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    need = {"step", "loss", "reward_mean", "success_rate", "p_summary", "p_success_given_summary",
+            "working_context_mean", "working_context_max", "summaries_mean", "tool_calls_mean",
+            "overlong_rate", "generated_tokens_mean", "clip_fraction", "approx_kl", "entropy",
+            "grad_norm", "summary_state_share"}
+    assert need <= set(rows[0])
+    assert any(r["loss"] != 0.0 for r in rows)
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(d, "tb")))
+    assert "success_rate" in out and "logs:" in out
+    with open(os.path.join(d, "config.json")) as f:
+        assert json.load(f)["train"]["steps"] == 4
+    assert os.path.isfile(os.path.join(d, "hf", "model.safetensors"))
+
+
+def test_kill_9_and_rerun_resumes_exactly(straight_run, tmp_path):
+    ref, _ = straight_run
+    d = str(tmp_path / "killed")
+    p = subprocess.Popen(_cmd(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    ck = os.path.join(d, "checkpoints")
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        if os.path.isdir(os.path.join(ck, "2")) or p.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the run finished before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert len(_metrics(d)) < 4
+    r = subprocess.run(_cmd(d), env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout
+    assert _metrics(d) == _metrics(ref)
+
+
+def test_corrupt_latest_checkpoint_falls_back(tmp_path):
+    ck = RunCheckpoints(str(tmp_path / "ck"), keep=3, async_save=False)
+    tree = {"w": jax.numpy.arange(6.0), "b": jax.numpy.ones(3)}
+    for step in (1, 2, 3):
+        ck.save(step, jax.tree.map(lambda x: x * step, tree), {"n": jax.numpy.array(step)},
+                {"step": step})
+    ck.wait()
+    # truncate every data file of the newest step
+    for root, _, files in os.walk(tmp_path / "ck" / "3"):
+        for f in files:
+            fn = os.path.join(root, f)
+            with open(fn, "r+b") as fh:
+                fh.truncate(max(0, os.path.getsize(fn) // 3))
+    with pytest.warns(UserWarning, match="step 3 .* cannot be restored"):
+        step, params, opt, meta = ck.restore_latest(tree, {"n": jax.numpy.array(0)})
+    assert step == 2 and meta == {"step": 2} and int(opt["n"]) == 2
+    np.testing.assert_allclose(params["w"], np.arange(6.0) * 2)
+    ck.save(3, tree, {"n": jax.numpy.array(3)}, {"step": 3})   # the replayed step overwrites it
+    ck.wait()
+    assert ck.restore_latest(tree, {"n": jax.numpy.array(0)})[0] == 3
+    ck.close()
+
+
+def test_config_typo_fails_at_start_naming_the_key(tmp_path):
+    r = subprocess.run(_cmd(str(tmp_path), "context.workin_context=100"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "context.workin_context" in err[0]
+    r = subprocess.run(_cmd(str(tmp_path), "context.working_context=300"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "working_context" in r.stderr
+
+
+def test_run_dir_of_a_different_model_is_refused(straight_run):
+    d, _ = straight_run
+    r = subprocess.run(_cmd(d, "model.tiny_hidden=48"), env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "different model" in r.stderr
