@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import sys
 import types
 import typing
 from typing import Any, Sequence
@@ -244,7 +245,12 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Confi
             raise ConfigError(f"config file {path!r} does not exist")
         spec = importlib.util.spec_from_file_location("supo_jax_user_config", path)
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        here = os.path.dirname(os.path.abspath(path))
+        sys.path.insert(0, here)   # a config may build on a sibling config file
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            sys.path.remove(here)
         if not hasattr(mod, "config"):
             raise ConfigError(f"{path} does not define config()")
         cfg = mod.config()

@@ -1,0 +1,42 @@
+"""Configs: every experiment file loads; overrides are typed; typos name the key."""
+import glob
+import os
+
+import pytest
+
+from supo_jax.config import Config, ConfigError, apply_overrides, from_dict, load_config, to_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py"))))
+def test_every_experiment_config_loads_and_roundtrips(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    assert from_dict(to_dict(cfg)) == cfg
+
+
+def test_overrides_are_typed():
+    cfg = apply_overrides(Config(), ["context.working_context=2048", "env.knobs.size=[4, 8]",
+                                     "train.eval_max_summaries=[0,2,4]", "loss.eps_high=0.3",
+                                     "optim.pack=true", "model.path=/tmp/x"])
+    assert cfg.context.working_context == 2048 and cfg.env.knobs == {"size": [4, 8]}
+    assert cfg.train.eval_max_summaries == (0, 2, 4) and cfg.loss.eps_high == 0.3
+    assert cfg.optim.pack is True and cfg.model.path == "/tmp/x"
+
+
+@pytest.mark.parametrize("bad,name", [("context.workin_context=3", "context.workin_context"),
+                                      ("context.working_context=abc", "context.working_context"),
+                                      ("loss.aggregation=foo", "loss.aggregation"),
+                                      ("context.manager=xx", "context.manager"),
+                                      ("optim.lr=fast", "optim.lr"),
+                                      ("context=3", "context"),
+                                      ("nonsense", "nonsense")])
+def test_bad_overrides_name_the_key(bad, name):
+    with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
+        apply_overrides(Config(), [bad])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/cfg.py")
