@@ -199,9 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from supo_jax.utils import enable_compile_cache
+    from supo_jax.utils import enable_compile_cache, maybe_init_distributed
 
     enable_compile_cache()
+    if args.command in ("train", "eval", "sft"):
+        maybe_init_distributed()
     try:
         args.fn(args)
     except (FileNotFoundError, ValueError, KeyError, IndexError, OSError) as e:

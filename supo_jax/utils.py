@@ -15,3 +15,24 @@ def enable_compile_cache(path: str | None = None) -> str:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
+
+
+def maybe_init_distributed() -> bool:
+    """jax.distributed.initialize() for multi-host runs.
+
+    On a TPU slice launched by launch_tpu.sh (SUPO_JAX_MULTIHOST=1) the runtime supplies
+    the coordinator; elsewhere set SUPO_JAX_COORDINATOR=host:port, SUPO_JAX_NUM_PROCESSES
+    and SUPO_JAX_PROCESS_ID (e.g. several CPU processes on one machine).
+    """
+    import jax
+
+    coord = os.environ.get("SUPO_JAX_COORDINATOR")
+    if coord:
+        jax.distributed.initialize(coordinator_address=coord,
+                                   num_processes=int(os.environ["SUPO_JAX_NUM_PROCESSES"]),
+                                   process_id=int(os.environ["SUPO_JAX_PROCESS_ID"]))
+        return True
+    if os.environ.get("SUPO_JAX_MULTIHOST") == "1":
+        jax.distributed.initialize()
+        return True
+    return False
