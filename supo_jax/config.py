@@ -39,6 +39,7 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
     name: str = "fncall/tallest"
+    imports: tuple = ()            # modules to import first (they register more environments)
     knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
     eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
     train_tasks: int = 4096
@@ -224,6 +225,15 @@ def _set(obj, path, value, full):
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks that single sections cannot do."""
+    for mod in cfg.env.imports:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ConfigError(f"env.imports: cannot import {mod!r} ({e})") from None
+    from supo_jax.envs import list_envs
+    if cfg.env.name not in list_envs():
+        raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
+                          f"({', '.join(list_envs())})")
     if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
         raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
     if cfg.optim.minibatch_rows % cfg.optim.micro:
