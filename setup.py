@@ -27,7 +27,8 @@ setup(
         "tensorboardX>=2.6",
     ],
     extras_require={
-        "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.0", "safetensors>=0.4"],
+        "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.0", "safetensors>=0.4",
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "matplotlib>=3.8"],
         "tpu": ["jax[tpu]>=0.6"],
     },
     entry_points={"console_scripts": ["supo-jax=supo_jax.cli:main"]},
