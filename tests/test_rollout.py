@@ -166,3 +166,62 @@ def test_policy_rollouts_train_on_exactly_what_the_sampler_saw(fmt):
     ro3, _, _ = go(1)
     assert [r.to_json() for r in ro] != [r.to_json() for r in ro3]
     assert Rollout.from_json(ro[0].to_json()).to_json() == ro[0].to_json()
+
+
+def test_frozen_summarizer_writes_untrained_summaries(fmt):
+    """ReSum-style: a separate frozen actor summarizes; its tokens carry no loss mask."""
+    name = "fncall/pages"
+
+    class Silent:   # the policy being trained: acts like the expert, never asked to summarize
+        def __init__(self):
+            self.expert = expert_for(name)
+
+        def act(self, messages, summarize):
+            assert not summarize, "the trained policy must not be asked for summaries"
+            return self.expert.act(messages, False)
+
+    cfg = ContextConfig("frozen_summarizer", 1350, max_steps=200, max_summaries=10)
+    ro = _run(fmt, name, cfg, n=2, actor=ScriptedActor(Silent(), fmt),
+              summarizer=ScriptedActor(expert_for(name), fmt))
+    assert all(r.reason == "answer" and r.counters["summaries"] >= 1 for r in ro)
+    for r in ro:
+        for s in r.segments[:-1]:
+            tail = fmt.decode(s.tokens[-30:])
+            assert "</summary>" in tail and s.mask[-1] == 0   # summary present, not trained
+    with pytest.raises(ValueError, match="summarizer"):
+        _run(fmt, name, cfg, n=1)
+
+
+def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from supo_jax.envs import list_envs
+    from tests.helpers import make_hf_model
+
+    env = dict(__import__("os").environ, XLA_FLAGS="")
+    for name in list_envs():
+        out = tmp_path / f"{name.replace('/', '_')}.jsonl"
+        knobs = (["--set", "context.working_context=4096"] if name == "search" else
+                 ["--set", "env.knobs.size=6", "--set", "context.working_context=1400"])
+        r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", name,
+                            "--policy", "scripted", "--num", "2", "--out", str(out), *knobs],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, (name, r.stderr[-1500:])
+        recs = [json.loads(x) for x in out.read_text().splitlines()]
+        assert len(recs) == 2 and all(x["reason"] == "answer" and x["reward"] == 1.0 for x in recs)
+        assert "success_rate" in r.stdout
+    # a real checkpoint (tiny HF model + tokenizer) through the same command
+    ck = tmp_path / "ck"
+    make_hf_model("qwen2_bias_gqa", str(ck), vocab=len(tiny_tokenizer()))
+    tiny_tokenizer(str(ck))
+    out = tmp_path / "real.jsonl"
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "fncall/pages",
+                        "--policy", str(ck), "--num", "2", "--out", str(out),
+                        "--set", "context.working_context=1400", "--set", "env.knobs.size=6",
+                        "--set", "context.max_steps=3", "--set", "context.max_action_tokens=24"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-1500:]
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(recs) == 2 and all(x["counters"]["steps"] >= 1 for x in recs)
