@@ -69,6 +69,7 @@ class OptimSection:
     micro: int = 1                 # microbatches per minibatch (gradient accumulation)
     ppo_epochs: int = 1
     max_row_len: int = 0           # 0 = the context bound (ContextConfig.cache_len)
+    recompute_old_logprobs: bool = False  # default: the sampler's logprobs (same weights)
     pack: bool = False
 
 

@@ -82,3 +82,19 @@ def test_sharded_train_step_matches_single_device():
         results.append((float(m["loss"]), np.asarray(wq)))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
     np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-5)
+
+
+def test_recomputed_logprobs_equal_sampler_logprobs():
+    """With unchanged weights, recomputing old logprobs gives the sampler's (PPO ratio = 1)."""
+    from supo_jax.rl.train_step import recompute_logprobs
+    from supo_jax.sampling.sampler import SamplingParams, generate
+
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=2)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    outs = generate(pol, prompts, 12, sampling=SamplingParams(0.8), seed=1)
+    segs = [Segment(tuple(p + o.tokens), (0,) * len(p) + (1,) * len(o.tokens),
+                    (0.0,) * len(p) + tuple(o.logprobs)) for p, o in zip(prompts, outs)]
+    batch = build_batch(segs, [1.0, 1.0], max_len=32)
+    graphdef, params = pol.split()
+    lp = np.asarray(recompute_logprobs(graphdef, params, batch, 0.8))
+    np.testing.assert_allclose(lp * batch.mask, batch.old_logp * batch.mask, atol=1e-4)

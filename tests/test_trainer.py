@@ -119,3 +119,40 @@ def test_run_dir_of_a_different_model_is_refused(straight_run):
     d, _ = straight_run
     r = subprocess.run(_cmd(d, "model.tiny_hidden=48"), env=ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "different model" in r.stderr
+
+
+def test_eval_cli_test_time_scaling_table(straight_run):
+    d, _ = straight_run
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "eval", "--config", CONFIG,
+                        "--set", f"train.run_dir={d}", "--max-summaries", "0,2"],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step 4" in r.stdout   # the run's latest checkpoint was evaluated
+    with open(os.path.join(d, "eval_scaling.json")) as f:
+        rows = json.load(f)
+    assert [x["max_summaries"] for x in rows] == [0, 2]
+    assert all(x["summaries_mean"] <= x["max_summaries"] for x in rows)
+
+
+def test_sft_cli_on_a_jsonl_of_conversations(tmp_path):
+    demo = {"messages": [{"role": "user", "content": "Read page 1 and report its number."},
+                         {"role": "assistant", "content": '<tool_call>\n{"name": "read_page", '
+                                                          '"arguments": {"page": 1}}\n</tool_call>'},
+                         {"role": "tool", "content": "Page 1 reads 7."},
+                         {"role": "assistant", "content": "The number is 7."}]}
+    path = tmp_path / "demos.jsonl"
+    path.write_text("\n".join(json.dumps(demo) for _ in range(3)) + "\n")
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "sft", "--config", CONFIG,
+                        "--set", f"train.run_dir={tmp_path / 'run'}", "--set", f"sft.demos={path}",
+                        "--set", "sft.steps=4"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "sft_loss_last" in r.stdout
+    import transformers
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "sft"))
+    assert m.config.hidden_size == 32
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "assistant", "content": "hi"}]}\n')
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "sft", "--config", CONFIG,
+                        "--set", f"train.run_dir={tmp_path / 'run2'}", "--set", f"sft.demos={bad}"],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "bad.jsonl:1" in r.stderr

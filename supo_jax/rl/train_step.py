@@ -146,6 +146,15 @@ def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: 
     return loss, metrics, grads
 
 
+@partial(jax.jit, static_argnames=("graphdef", "temperature"))
+def recompute_logprobs(graphdef, params, batch: TrainBatch, temperature: float = 1.0):
+    """Logprobs of the batch's targets under `params` (old logprobs recomputed by the trainer
+    instead of taken from the sampler)."""
+    logits, _ = nnx.merge(graphdef, params)(batch.inputs, batch.positions,
+                                            segment_ids=batch.segment_ids)
+    return token_logprobs(logits, batch.targets, temperature) * (batch.mask > 0)
+
+
 @partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossConfig,
                micro: int = 1, ref_params=None):

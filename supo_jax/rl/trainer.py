@@ -25,7 +25,8 @@ from supo_jax.agent.rollout import PolicyActor, run_rollouts, summarize, write_j
 from supo_jax.checkpoint import RunCheckpoints
 from supo_jax.model.policy import Policy, load_policy, new_policy
 from supo_jax.rl.batch import build_batch
-from supo_jax.rl.train_step import make_optimizer, rollout_advantages, train_step
+from supo_jax.rl.train_step import (make_optimizer, recompute_logprobs, rollout_advantages,
+                                     train_step)
 from supo_jax.sampling.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,10 @@ def train(cfg: C.Config) -> dict:
         if segs:
             batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
                                 pack=o.pack)
+            if o.recompute_old_logprobs:
+                import dataclasses
+                batch = dataclasses.replace(batch, old_logp=np.asarray(recompute_logprobs(
+                    graphdef, params, batch, cfg.loss.temperature)))
             rng = np.random.default_rng(hash_seed(cfg.train.seed, step) + 1)
             ms = []
             for _ in range(o.ppo_epochs):
