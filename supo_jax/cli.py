@@ -140,7 +140,8 @@ def _cmd_rollout(args) -> None:
     if args.policy == "scripted":
         from supo_jax.model.tiny import tiny_tokenizer
         from supo_jax.rl.trainer import _env_corpus
-        fmt = ChatFormat(tiny_tokenizer(extra_corpus=_env_corpus(cfg)))
+        fmt = ChatFormat(tiny_tokenizer(extra_corpus=_env_corpus(cfg),
+                                        template=cfg.model.tiny_template))
         ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
                           lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
                           rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)

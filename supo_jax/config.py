@@ -34,6 +34,7 @@ class ModelSection:
     tiny_kv_heads: int = 2
     tiny_mlp: int = 128
     tiny_vocab: int = 512
+    tiny_template: str = "compact"  # tiny tokenizer chat template: compact | qwen
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,9 +11,11 @@ TOOLS = [{"type": "function", "function": {"name": "look", "description": "look 
                          "required": ["i"]}}}]
 
 
-@pytest.fixture(scope="module", params=["qwen_style", "llama3_style"])
+@pytest.fixture(scope="module", params=["qwen_style", "compact", "llama3_style"])
 def fmt(request):
-    tok = tiny_tokenizer() if request.param == "qwen_style" else llama3_style_tokenizer()
+    tok = (tiny_tokenizer() if request.param == "qwen_style" else
+           tiny_tokenizer(template="compact") if request.param == "compact" else
+           llama3_style_tokenizer())
     return ChatFormat(tok)
 
 

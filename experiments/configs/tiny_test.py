@@ -11,7 +11,7 @@ def config() -> Config:
         model=ModelSection(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_kv_heads=1,
                            tiny_mlp=64, tiny_vocab=512),
         env=EnvSection(name="fncall/pages", knobs={"size": 6}, train_tasks=64, eval_tasks=2),
-        context=ContextConfig(manager="supo", working_context=640, max_summaries=3, max_steps=16,
+        context=ContextConfig(manager="supo", working_context=400, max_summaries=3, max_steps=16,
                               max_action_tokens=40, max_summary_tokens=40,
                               max_observation_tokens=64),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4),

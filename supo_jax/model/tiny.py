@@ -39,6 +39,29 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# The tiny policies' own template: ChatML turns, tools as one line each (name(arg, ...): text),
+# so the initial prompt of a CPU-scale run is ~100 tokens instead of ~400.
+COMPACT_TEMPLATE = (
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{%- if tools %}{{- '\nTools:' }}"
+    "{%- for t in tools %}{%- set f = t['function'] if 'function' in t else t %}"
+    "{{- '\n' + f['name'] + '(' + (f['parameters']['properties'] | list | join(', ')) + '): ' + f['description'] }}"
+    "{%- endfor %}"
+    "{{- '\nCall one tool per turn as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' }}"
+    "{%- endif %}{{- '<|im_end|>\n' }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                 "<summary>", "</summary>", "<tools>", "</tools>"]
@@ -56,8 +79,10 @@ error: malformed JSON, unknown tool, missing argument, wrong type. result true f
 """
 
 
-def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corpus=()):
-    """A byte-level BPE PreTrainedTokenizerFast with the chat template above.
+def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corpus=(),
+                   template: str = "qwen"):
+    """A byte-level BPE PreTrainedTokenizerFast with a chat template: "qwen" (Qwen2.5-style,
+    tools as JSON in the system turn) or "compact" (one line per tool).
 
     extra_corpus: texts (e.g. an environment's prompts and tool calls) to train the
     merges on as well, so those texts take few tokens.
@@ -75,7 +100,9 @@ def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corp
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>", bos_token=None)
     fast.add_tokens(ADDED_TOKENS)
-    fast.chat_template = CHAT_TEMPLATE
+    if template not in ("qwen", "compact"):
+        raise ValueError(f"tiny tokenizer template {template!r}: qwen or compact")
+    fast.chat_template = CHAT_TEMPLATE if template == "qwen" else COMPACT_TEMPLATE
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         fast.save_pretrained(out_dir)

@@ -16,7 +16,6 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from supo_jax.sampling.sampler import bucket
 
 
 @jax.tree_util.register_dataclass
@@ -38,6 +37,15 @@ class TrainBatch:
 
     def take(self, idx) -> "TrainBatch":
         return jax.tree.map(lambda x: x[idx], self)
+
+
+def row_bucket(n: int, minimum: int, maximum: int) -> int:
+    """Smallest of minimum * {1, 1.5} * 2^k >= n (capped at maximum). Finer than powers of two:
+    attention cost grows with T^2, so a 523-token row should not pay for 1024."""
+    b = minimum
+    while b < n:
+        b = b * 3 // 2 if (b & (b - 1)) == 0 else b * 4 // 3
+    return min(b, max(maximum, minimum))
 
 
 def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int,
@@ -70,7 +78,7 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
     else:
         rows = [[it] for it in items]
     longest = max((sum(len(s.tokens) - 1 for s, _ in r) for r in rows), default=1)
-    t = bucket(longest, min_len, max_len)
+    t = row_bucket(longest, min_len, max_len)
     r = max(1, len(rows))
     r += -r % rows_multiple
     out = {k: np.zeros((r, t), dt) for k, dt in (

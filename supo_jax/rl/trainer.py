@@ -50,7 +50,7 @@ def _env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for
 
-    texts = []
+    texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
     expert = expert_for(cfg.env.name)
     for task in make_tasks(cfg.env.name, "train", n, seed=10_000 + cfg.env.seed, **cfg.env.knobs):
         env = make_env(cfg.env.name)
@@ -85,7 +85,7 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
         tok = load_tokenizer(tok_dir)
     else:
         tok = tiny_tokenizer(tok_dir if _is_main() else None, vocab_size=m.tiny_vocab,
-                             extra_corpus=_env_corpus(cfg))
+                             extra_corpus=_env_corpus(cfg), template=m.tiny_template)
     vocab = int(math.ceil(len(tok) / 8) * 8)
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
                      heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
