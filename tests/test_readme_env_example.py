@@ -20,6 +20,8 @@ def test_readme_environment_example(tmp_path, monkeypatch):
     (tmp_path / "my_envs" / "__init__.py").write_text("")
     (tmp_path / "my_envs" / "counter.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
+    from supo_jax.envs import base
+    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))   # the example's registration is undone
     cfg = apply_overrides(Config(), ['env.imports=["my_envs.counter"]', "env.name=counter"])
     assert cfg.env.name == "counter"
 
@@ -37,3 +39,4 @@ def test_readme_environment_example(tmp_path, monkeypatch):
                       ContextConfig("full", 4000, max_steps=30))
     assert [r.reward for r in ro] == [1.0, 1.0, 1.0]
     sys.modules.pop("my_envs.counter", None)
+    sys.modules.pop("my_envs", None)

@@ -211,10 +211,10 @@ def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed
     """Success etc. on the held-out split (G = 1, greedy) with an optional summary cap."""
     import dataclasses
 
-    from supo_jax.envs import make_tasks
+    from supo_jax.envs.datasets import load_tasks
 
-    tasks = tasks or make_tasks(cfg.env.name, "eval", cfg.env.eval_tasks, seed=cfg.env.seed,
-                                **{**cfg.env.knobs, **cfg.env.eval_knobs})
+    tasks = tasks or list(load_tasks(cfg.env.name, "eval", cfg.env.eval_tasks, seed=cfg.env.seed,
+                                     **{**cfg.env.knobs, **cfg.env.eval_knobs}))
     ctx = cfg.context if max_summaries is None else dataclasses.replace(
         cfg.context, max_summaries=int(max_summaries))
     bar = _bar(len(tasks), f"eval S={ctx.max_summaries}", progress)
@@ -266,9 +266,9 @@ def train(cfg: C.Config) -> dict:
                                               "warm_start": report})
     metrics_log = MetricsLog(run_dir, start)
 
-    from supo_jax.envs import make_tasks
-    train_tasks = make_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
-                             **cfg.env.knobs)
+    from supo_jax.envs.datasets import load_tasks
+    train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
+                             **cfg.env.knobs)   # a tfds array_record task set, built on first use
     B = cfg.rollout.tasks_per_step
     max_len = row_len(cfg, fmt)
     history = []
