@@ -105,17 +105,25 @@ class MeshSection:
     tensor: int = 1
 
 
+# The embedded default (`supo-jax train` with no arguments): a CPU-scale SUPO run on the
+# function-calling chain family, small enough for 2 cores. Sections left at their class
+# defaults elsewhere (ContextConfig: W = 4096, S = 7, H = 100) keep the paper's values.
+CPU_CONTEXT = ContextConfig(manager="supo", working_context=400, max_summaries=3, max_steps=30,
+                            max_action_tokens=48, max_summary_tokens=48, max_observation_tokens=64)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = ModelSection()
-    env: EnvSection = EnvSection()
-    context: ContextConfig = ContextConfig()
-    rollout: RolloutSection = RolloutSection()
+    env: EnvSection = EnvSection(name="fncall/chain", knobs={"size": [3, 6]}, train_tasks=1024,
+                                 eval_tasks=16)
+    context: ContextConfig = CPU_CONTEXT
+    rollout: RolloutSection = RolloutSection(tasks_per_step=4, group_size=4, rows=16)
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
-    optim: OptimSection = OptimSection()
-    train: TrainSection = TrainSection()
-    sft: SFTSection = SFTSection()
+    optim: OptimSection = OptimSection(lr=1e-4, minibatch_rows=16)
+    train: TrainSection = TrainSection(steps=20, save_every=5, eval_every=10)
+    sft: SFTSection = SFTSection(num_demos=64, steps=150, batch_rows=8)
     mesh: MeshSection = MeshSection()
 
 
