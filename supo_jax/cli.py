@@ -132,7 +132,11 @@ def _cmd_rollout(args) -> None:
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for
 
-    sets = [f"env.name={args.env}", f"context.manager={args.context}"] + (args.set or [])
+    base = load_config(args.config)
+    sets = [f"env.name={args.env}", f"context.manager={args.context}"]
+    if base.env.name != args.env:   # task knobs belong to the config's own environment
+        sets += ["env.knobs={}", "env.eval_knobs={}"]
+    sets += args.set or []
     if args.policy != "scripted":
         sets.append(f"model.path={args.policy}")
     cfg = load_config(args.config, sets)

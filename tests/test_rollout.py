@@ -203,7 +203,9 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
     env = dict(__import__("os").environ, XLA_FLAGS="")
     for name in list_envs():
         out = tmp_path / f"{name.replace('/', '_')}.jsonl"
-        knobs = (["--set", "context.working_context=4096"] if name == "search" else
+        knobs = (["--set", "context.working_context=4096", "--set", "context.max_steps=60",
+                  "--set", "context.max_action_tokens=128", "--set", "context.max_summary_tokens=256",
+                  "--set", "context.max_observation_tokens=512"] if name == "search" else
                  ["--set", "env.knobs.size=6", "--set", "context.working_context=1400"])
         r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", name,
                             "--policy", "scripted", "--num", "2", "--out", str(out), *knobs],

@@ -1,6 +1,7 @@
 """Search suite (BrowseComp-Plus-like): corpus and BM25 index, tools and error observations,
 exact-match reward normalization, the scripted expert under full context and under
 simulated SUPO summarize-and-reset (SUPO.md §2), and the hop-chain probe."""
+from tests.test_envs import supo as _supo
 import json
 import random
 import threading
@@ -35,35 +36,10 @@ def full_context(task, expert=None, max_steps=100):
     raise AssertionError("no answer")
 
 
-def supo(task, rng, expert=None, every=None, p_cut=0.3, show_dropped=False,
-         continuation=CONTINUATION, max_steps=200):
-    """As tests/test_envs.py: on overflow (after `every` kept pairs, or at random) the last
-    (a, o) is dropped, the expert summarizes, and the context restarts as s1 + CONTINUATION."""
-    env, expert = make_env("search"), expert or experts.expert_for("search")
-    prompt = env.reset(task).prompt
-    ctx, kept, probes, sigmas = [{"role": "user", "content": prompt}], 0, [], []
-    for _ in range(max_steps):
-        a = expert.act(ctx)
-        r = env.act(a)
-        assert "error" not in r.info, r
-        if r.done:
-            return r.reward, probes, sigmas
-        pair = [{"role": "assistant", "content": a}, {"role": "tool", "content": r.observation}]
-        overflow = kept + 1 >= every if every else (kept >= 1 and rng.random() < p_cut)
-        if not overflow:
-            ctx, kept = ctx + pair, kept + 1
-            continue
-        seen = ctx + pair if show_dropped else ctx
-        sigma = expert.act(seen + [{"role": "user", "content": SUMMARY_INSTRUCTION}],
-                           summarize=True)
-        assert "<tool_call>" not in sigma and extract_summary(sigma)
-        probes.append(env.probe(sigma))
-        sigmas.append(sigma)
-        cont = continuation.format(prompt=prompt, summary=extract_summary(sigma))
-        ctx = [{"role": "user", "content": cont}] if "{prompt}" in continuation else \
-            [{"role": "user", "content": prompt}, {"role": "user", "content": cont}]
-        kept = 0
-    raise AssertionError("no answer")
+def supo(task, rng, expert=None, **kw):
+    """tests/test_envs.supo on the search env (summary resets without a tokenizer)."""
+    kw.setdefault("max_steps", 200)
+    return _supo("search", task, rng, expert=expert or experts.expert_for("search"), **kw)
 
 
 # ---- corpus, tasks, retrieval ------------------------------------------------------------

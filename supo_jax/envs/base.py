@@ -147,7 +147,12 @@ def make_tasks(name: str, split: str, n: int, seed: int = 0, **knobs) -> list[di
     gen = _lookup(name)[1]
     if gen is None:
         raise ValueError(f"environment {name!r} has no registered task set")
-    return gen(split, n, seed, **knobs)
+    try:
+        return gen(split, n, seed, **knobs)
+    except TypeError as e:
+        if "argument" in str(e):  # an unknown knob: name it instead of a traceback
+            raise ValueError(f"environment {name!r} task generator: {e}") from None
+        raise
 
 
 def list_envs() -> list[str]:

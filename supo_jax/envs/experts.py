@@ -75,7 +75,8 @@ def read_context(messages: list[dict], marker: str) -> tuple[str, str | None, li
         raise ValueError("no user message in the context")
     anchor = max((i for i in users if marker in messages[i]["content"]), default=users[0])
     before, found, after = messages[anchor]["content"].partition(marker)
-    prompt = messages[users[0]]["content"] + ("\n" + before if anchor != users[0] else "")
+    # the task is in s1 (the first user turn) and/or repeated before the marker
+    prompt = (messages[users[0]]["content"] + "\n" if anchor != users[0] else "") + before
     summary = None
     if found:
         after = after[:MAX_SUMMARY_CHARS]

@@ -605,21 +605,8 @@ class Expert:
         self.dropped = 0  # summaries made imperfect so far
 
     def _read(self, messages):
-        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-        if not users:
-            raise ValueError("no user message in the context")
-        anchor = max((i for i in users if self.marker in messages[i]["content"]),
-                     default=users[0])
-        before, marker, after = messages[anchor]["content"].partition(self.marker)
-        # the task is in s1 (the first user turn) and/or repeated before the marker
-        prompt = (messages[users[0]]["content"] + "\n" if anchor != users[0] else "") + before
-        summary = None
-        if marker:
-            after = after[:_MAX_SUMMARY_CHARS]
-            summary = extract_summary(after)
-            summary = after.strip() if summary is None else summary
-        obs = [m["content"] for m in messages[anchor + 1:] if m.get("role") == "tool"]
-        return prompt, summary, obs
+        from supo_jax.envs.experts import read_context
+        return read_context(messages, self.marker)
 
     def act(self, messages: list[dict], summarize: bool = False) -> str:
         prompt, summary, observations = self._read(messages)
