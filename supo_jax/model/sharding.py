@@ -110,14 +110,3 @@ def batch_sharding(mesh: Mesh | None, shape: Sequence[int]):
 
 def replicated(mesh: Mesh | None):
     return None if mesh is None else NamedSharding(mesh, P())
-
-
-def state_shardings(state, mesh: Mesh | None):
-    """Shardings pytree matching an nnx.State of Decoder parameters."""
-    from flax import nnx
-
-    def one(path, leaf):
-        name = ".".join(str(getattr(k, "key", k)) for k in path)
-        return param_sharding(name, leaf.shape, mesh)
-
-    return jax.tree_util.tree_map_with_path(one, nnx.to_pure_dict(state) if not isinstance(state, dict) else state)
