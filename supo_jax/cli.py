@@ -45,8 +45,14 @@ def _cmd_train(args) -> None:
 
     from supo_jax.rl.trainer import summary_table, train
 
+    import jax
+
     cfg = _config(args)
     out = train(cfg)
+    if jax.process_index() > 0:   # process 0 reports and logs; the others state their losses
+        print(f"process {jax.process_index()} of {jax.process_count()}: losses by step "
+              f"{[h['loss'] for h in out['history']]}; logs and reports come from process 0")
+        return
     print(summary_table(out["history"], out["eval"]))
     print(f"logs: {os.path.join(cfg.train.run_dir, 'metrics.jsonl')} and "
           f"{os.path.join(cfg.train.run_dir, 'tb')} (tensorboard --logdir {cfg.train.run_dir}); "
@@ -59,9 +65,10 @@ def _restore_policy(cfg, mesh=None):
     import os
 
     from supo_jax.checkpoint import RunCheckpoints
-    from supo_jax.rl.trainer import build_policy
+    from supo_jax.rl.trainer import build_policy, check_run_dir
 
     policy = build_policy(cfg, cfg.train.run_dir, mesh)
+    check_run_dir(cfg.train.run_dir, policy)
     ck = os.path.join(cfg.train.run_dir, "checkpoints")
     if os.path.isdir(ck):
         from flax import nnx
@@ -89,11 +96,12 @@ def _cmd_eval(args) -> None:
     import os
 
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.trainer import evaluate
+    from supo_jax.rl.trainer import check_prompt_fits, evaluate
 
     cfg = _config(args)
     policy = _restore_policy(cfg)
     fmt = ChatFormat(policy.tokenizer)
+    check_prompt_fits(cfg, fmt, "eval")
     caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
     rows = [evaluate(policy, fmt, cfg, max_summaries=c, seed=cfg.train.seed) for c in caps]
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
@@ -112,12 +120,15 @@ def _cmd_sft(args) -> None:
     import os
 
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.trainer import build_policy, warm_start
+    from supo_jax.rl.trainer import build_policy, check_prompt_fits, check_run_dir, warm_start
 
     cfg = _config(args)
     os.makedirs(cfg.train.run_dir, exist_ok=True)
     policy = build_policy(cfg, cfg.train.run_dir)
-    report = warm_start(policy, ChatFormat(policy.tokenizer), cfg)
+    check_run_dir(cfg.train.run_dir, policy)
+    fmt = ChatFormat(policy.tokenizer)
+    check_prompt_fits(cfg, fmt)
+    report = warm_start(policy, fmt, cfg)
     out = os.path.join(cfg.train.run_dir, "sft")
     policy.save_pretrained(out)
     print(report)
@@ -131,6 +142,7 @@ def _cmd_rollout(args) -> None:
     from supo_jax.config import apply_overrides, load_config
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for
+    from supo_jax.rl.trainer import check_prompt_fits
 
     base = load_config(args.config)
     sets = [f"env.name={args.env}", f"context.manager={args.context}"]
@@ -146,6 +158,7 @@ def _cmd_rollout(args) -> None:
         from supo_jax.rl.trainer import _env_corpus
         fmt = ChatFormat(tiny_tokenizer(extra_corpus=_env_corpus(cfg),
                                         template=cfg.model.tiny_template))
+        check_prompt_fits(cfg, fmt, args.split)
         ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
                           lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
                           rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
@@ -155,6 +168,7 @@ def _cmd_rollout(args) -> None:
         if policy.tokenizer is None:
             raise ValueError(f"{args.policy} has no tokenizer")
         fmt = ChatFormat(policy.tokenizer)
+        check_prompt_fits(cfg, fmt, args.split)
         ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
     write_jsonl(ro, args.out)
     s = summarize(ro)

@@ -28,6 +28,9 @@ def maybe_init_distributed() -> bool:
 
     coord = os.environ.get("SUPO_JAX_COORDINATOR")
     if coord:
+        # cross-process collectives of the CPU backend (jax's default, set for clarity:
+        # without an implementation CPU processes cannot share a mesh)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coord,
                                    num_processes=int(os.environ["SUPO_JAX_NUM_PROCESSES"]),
                                    process_id=int(os.environ["SUPO_JAX_PROCESS_ID"]))

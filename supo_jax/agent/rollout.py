@@ -144,6 +144,19 @@ class _Row:
         self.probes: list = []
 
 
+def start_state(fmt: ChatFormat, cfg: C.ContextConfig, rs) -> C.RolloutState:
+    """The rollout state of an env.reset() result; a ValueError naming
+    context.working_context if its initial prompt does not fit the working context."""
+    msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
+        {"role": "user", "content": rs.prompt}]
+    state = C.initial_state(fmt, msgs, [t.schema() for t in rs.tools])
+    if len(state.prefix) + len(fmt.gen_prompt) >= cfg.trigger:
+        raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
+                         f"the working context: L = {cfg.trigger} tokens "
+                         f"(W = {cfg.working_context}); raise context.working_context")
+    return state
+
+
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
                  fmt: ChatFormat, cfg: C.ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
@@ -201,14 +214,7 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
                     row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
                     close(row)
                     continue
-                msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
-                    {"role": "user", "content": rs.prompt}]
-                state = C.initial_state(fmt, msgs, [t.schema() for t in rs.tools])
-                if len(state.prefix) + len(fmt.gen_prompt) >= cfg.trigger:
-                    raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
-                                     f"the working context: L = {cfg.trigger} tokens "
-                                     f"(W = {cfg.working_context}); raise context.working_context")
-                active[slot] = _Row(slot, task, gi, s, env, state)
+                active[slot] = _Row(slot, task, gi, s, env, start_state(fmt, cfg, rs))
             if not active:
                 continue
             # one batch per actor

@@ -17,7 +17,7 @@ from flax import nnx
 from supo_jax.model.config import ModelConfig
 from supo_jax.model.decoder import Decoder
 from supo_jax.model.gguf_io import gguf_tokenizer, open_gguf
-from supo_jax.model.sharding import batch_sharding, param_sharding
+from supo_jax.model.sharding import batch_sharding, param_sharding, put
 from supo_jax.model.weights import build_params, hf_tensors, safetensors_source, write_safetensors
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -65,7 +65,7 @@ class Policy:
         ids = jnp.asarray(ids, jnp.int32)
         sh = batch_sharding(self.mesh, ids.shape)
         if sh is not None:
-            ids = jax.device_put(ids, sh)
+            ids = put(ids, sh)
         graphdef, params = self.split()
         return _logits(graphdef, params, ids)
 
@@ -133,11 +133,11 @@ def shard_model(model: Decoder, mesh) -> None:
     state = nnx.state(model, nnx.Param)
     pure = nnx.to_pure_dict(state)
 
-    def put(path, x):
+    def place(path, x):
         name = ".".join(str(getattr(k, "key", k)) for k in path)
-        return jax.device_put(x, param_sharding(name, x.shape, mesh))
+        return put(x, param_sharding(name, x.shape, mesh))
 
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(put, pure))
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(place, pure))
     nnx.update(model, state)
 
 

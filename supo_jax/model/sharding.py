@@ -108,5 +108,15 @@ def batch_sharding(mesh: Mesh | None, shape: Sequence[int]):
     return NamedSharding(mesh, spec_for(("batch",) + (None,) * (len(shape) - 1), shape, mesh))
 
 
+def put(x, sharding):
+    """jax.device_put that also places a value (the same on every process) on a sharding that
+    spans processes. Such a value goes through host memory: jax 0.10 treats a device array
+    and a fully replicated multi-process sharding as the same sharding and copies the buffer
+    as is, which yields a malformed array (its shards then fail on use)."""
+    if sharding is not None and not sharding.is_fully_addressable:
+        x = np.asarray(x)
+    return jax.device_put(x, sharding)
+
+
 def replicated(mesh: Mesh | None):
     return None if mesh is None else NamedSharding(mesh, P())

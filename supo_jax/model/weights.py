@@ -159,7 +159,8 @@ def build_params(cfg: ModelConfig, abstract_state, source: TensorSource, dtype, 
     return abstract_state
 
 
-def _host(x) -> np.ndarray:
+def host_array(x) -> np.ndarray:
+    """The whole value of an array on this host (gathered across processes if it spans them)."""
     if jax.process_count() > 1 and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
@@ -173,7 +174,7 @@ def hf_tensors(cfg: ModelConfig, pure_params: dict):
             continue
         arr = pure_params[path]
         yield name, arr.shape[::-1] if transpose else arr.shape, arr.dtype, (
-            lambda arr=arr, t=transpose: _host(arr).T if t else _host(arr))
+            lambda arr=arr, t=transpose: host_array(arr).T if t else host_array(arr))
     layers = pure_params["layers"]
     for i in range(cfg.num_layers):
         for p, (template, transpose) in _LAYER_HF.items():
@@ -182,7 +183,7 @@ def hf_tensors(cfg: ModelConfig, pure_params: dict):
             arr = layers[p]
             shape = arr.shape[1:][::-1] if transpose else arr.shape[1:]
             yield template.format(i=i), shape, arr.dtype, (
-                lambda arr=arr, i=i, t=transpose: _host(arr[i]).T if t else _host(arr[i]))
+                lambda arr=arr, i=i, t=transpose: host_array(arr[i]).T if t else host_array(arr[i]))
 
 
 def write_safetensors(fn: str, tensors, metadata: dict | None = None) -> None:

@@ -1,6 +1,15 @@
 """The trainer loop: task stream -> rollouts -> advantages -> updates -> metrics ->
 checkpoint -> eval. The loop owns I/O only; the math is in algo.py / train_step.py.
 
+Multi-process runs (jax.distributed initialized, e.g. a TPU pod or several CPU processes):
+the mesh spans every process's devices and the policy is sharded over it. Each process
+runs the rollouts of its share of each step's tasks only (see rollout_batch), the
+rollouts are exchanged so that every process builds the same global batch, and each
+process places just the rows of that batch that live on its own devices; the train step
+is one SPMD program over the global mesh. Orbax writes checkpoints collectively; only
+process 0 writes metrics.jsonl, TensorBoard events, config.json, the HF export and
+progress bars. The run directory must be shared by the processes.
+
 Exact resume: everything random is derived from (train.seed, step) — the
 sampler key, the minibatch order — and the task stream position is a function
 of the step, so a run restored from step k replays steps k+1.. exactly as an
@@ -8,6 +17,7 @@ uninterrupted run would.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,9 +31,12 @@ from flax import nnx
 
 from supo_jax import config as C
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import PolicyActor, run_rollouts, summarize, write_jsonl
+from supo_jax.agent.rollout import (PolicyActor, Rollout, run_rollouts, start_state, summarize,
+                                    write_jsonl)
 from supo_jax.checkpoint import RunCheckpoints
-from supo_jax.model.policy import Policy, load_policy, new_policy
+from supo_jax.model.policy import Policy, load_policy, new_policy, shard_model
+from supo_jax.model.sharding import batch_sharding, make_mesh, put, replicated
+from supo_jax.model.weights import host_array
 from supo_jax.rl.batch import build_batch
 from supo_jax.rl.train_step import (make_optimizer, recompute_logprobs, rollout_advantages,
                                      train_step)
@@ -38,10 +51,22 @@ def _is_main() -> bool:
     return jax.process_index() == 0
 
 
+def _barrier(name: str) -> None:
+    """Every process reaches this point before any goes on (a no-op in a single process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def _share(items):
+    """This process's share of a list: items[process_index::process_count]."""
+    return list(items)[jax.process_index()::jax.process_count()]
+
+
 def make_run_mesh(cfg: C.Config):
+    """The mesh over every device of every process (None on a single device)."""
     if jax.device_count() == 1:
         return None
-    from supo_jax.model.sharding import make_mesh
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
 
 
@@ -81,11 +106,15 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
     from supo_jax.model.tiny import tiny_config, tiny_tokenizer
 
     tok_dir = os.path.join(run_dir, "tokenizer") if run_dir else None
-    if tok_dir and os.path.isdir(tok_dir):
+    fresh = not (tok_dir and os.path.isdir(tok_dir))
+    _barrier("supo_jax:tokenizer:looked")   # every process looked before process 0 writes
+    tok = None
+    if fresh and (_is_main() or not tok_dir):
+        tok = tiny_tokenizer(tok_dir, vocab_size=m.tiny_vocab, extra_corpus=_env_corpus(cfg),
+                             template=m.tiny_template)
+    _barrier("supo_jax:tokenizer:written")  # the others load process 0's tokenizer
+    if tok is None:
         tok = load_tokenizer(tok_dir)
-    else:
-        tok = tiny_tokenizer(tok_dir if _is_main() else None, vocab_size=m.tiny_vocab,
-                             extra_corpus=_env_corpus(cfg), template=m.tiny_template)
     vocab = int(math.ceil(len(tok) / 8) * 8)
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
                      heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
@@ -93,11 +122,27 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
                       seed=cfg.train.seed, tokenizer=tok, remat=m.remat)
 
 
-def model_fingerprint(policy: Policy) -> str:
+def model_signature(policy: Policy) -> dict:
+    """The architecture fields a checkpoint must match (saved in the run directory)."""
     d = policy.config.to_hf_dict()
     keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim")
-    return hashlib.sha1(json.dumps({k: d.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+    return {k: d.get(k) for k in keys}
+
+
+def model_fingerprint(policy: Policy) -> str:
+    sig = model_signature(policy)
+    return hashlib.sha1(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> None:
+    """Fail at start (a ValueError naming context.working_context) when the first task's
+    initial prompt, rendered with the policy's tokenizer, does not fit the working context."""
+    from supo_jax.envs import make_env, make_tasks
+
+    knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
+    task = make_tasks(cfg.env.name, split, 1, seed=cfg.env.seed, **knobs)[0]
+    start_state(fmt, cfg.context, make_env(cfg.env.name).reset(task))
 
 
 def row_len(cfg: C.Config, fmt: ChatFormat) -> int:
@@ -106,7 +151,18 @@ def row_len(cfg: C.Config, fmt: ChatFormat) -> int:
 
 def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None, group_size=None,
                   sampling=None, progress=None):
-    """Rollouts of `tasks` with the current policy (a fresh sampler: params changed)."""
+    """Rollouts of `tasks` with the current policy (a fresh sampler: params changed).
+
+    Multi-process (jax.process_count() = P > 1), per-process task sharding: every process
+    calls this with the same tasks; process p runs only tasks[p::P] (rollout.rows sampler
+    rows per process), on its own copy of the policy (process_local_policy: sampling on
+    the global mesh would need every process to decode the same rows in lockstep). The
+    rollouts are then exchanged (exchange_rollouts), so every process returns the same
+    list of all rollouts, in (task, sample) order as in a single process; advantages,
+    batches and metrics are then computed identically everywhere and each process feeds
+    the train step only the batch rows of its own devices (place_batch). The exchange is
+    host-side token ids and logprobs, small next to the parameters.
+    """
     from supo_jax.envs import make_env
 
     ctx = context or cfg.context
@@ -114,10 +170,78 @@ def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None,
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
     max_len = ctx.cache_len(INSTRUCTION_ALLOWANCE, len(fmt.gen_prompt))
     g = group_size or r.group_size
-    rows = min(r.rows, len(tasks) * g)
-    actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
-    return run_rollouts(actor, lambda: make_env(cfg.env.name), tasks, fmt, ctx, group_size=g,
-                        rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress)
+    multi = jax.process_count() > 1
+    mine = _share(tasks) if multi else tasks
+    if multi:
+        policy = process_local_policy(policy)
+        seed = hash_seed(seed, jax.process_index())
+    out = []
+    if mine:
+        rows = min(r.rows, len(mine) * g)
+        actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
+        out = run_rollouts(actor, lambda: make_env(cfg.env.name), mine, fmt, ctx, group_size=g,
+                           rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress)
+    return exchange_rollouts(out) if multi else out
+
+
+def process_local_policy(policy: Policy) -> Policy:
+    """This process's full copy of a policy sharded over processes, on its own devices.
+
+    The parameters are all-gathered over the global mesh (a jitted identity with
+    replicated outputs); each process keeps the copy on its local devices, sharded over
+    a mesh of them by the usual rules. A policy whose arrays all live on this process
+    is returned as it is."""
+    graphdef, params = policy.split()
+    if policy.mesh is None or all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+        return policy
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    full = jax.jit(lambda p: p, out_shardings=replicated(policy.mesh))(params)
+    devices = jax.local_devices()
+    mesh = make_mesh(1, -1, 1, devices=devices) if len(devices) > 1 else None
+
+    def local(x):
+        shards = [s.data for s in x.addressable_shards]
+        if mesh is None:
+            return shards[0]
+        return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(mesh, P()), shards)
+
+    model = nnx.merge(graphdef, jax.tree.map(local, full))
+    if mesh is not None:
+        shard_model(model, mesh)
+    return Policy(model, policy.tokenizer, mesh)
+
+
+def _allgather_json(obj) -> list:
+    """`obj` (JSON-serializable) from every process, in process order."""
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32)))
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[:data.size] = data
+    every = np.asarray(multihost_utils.process_allgather(buf))
+    return [json.loads(every[p, :int(n)].tobytes()) for p, n in enumerate(sizes.reshape(-1))]
+
+
+def exchange_rollouts(mine: list) -> list:
+    """All processes' rollouts (each ran _share(tasks)), in global (task, sample) order."""
+    n = jax.process_count()
+    out = []
+    for p, rows in enumerate(_allgather_json([ro.to_json() for ro in mine])):
+        for d in rows:
+            ro = Rollout.from_json(d)
+            out.append(dataclasses.replace(ro, group_id=p + ro.group_id * n))  # local -> global
+    return sorted(out, key=lambda ro: (ro.group_id, ro.sample))
+
+
+def place_batch(batch, mesh):
+    """Multi-process: a batch every process holds in full, as global arrays sharded over the
+    mesh's batch axes; each process transfers only the rows of its own devices."""
+    if mesh is None or jax.process_count() == 1:
+        return batch
+    return jax.tree.map(lambda x: jax.make_array_from_callback(
+        x.shape, batch_sharding(mesh, x.shape), lambda idx: x[idx]), batch)
 
 
 def _bar(total, desc, enabled):
@@ -163,18 +287,26 @@ class MetricsLog:
             self.tb.close()
 
 
-def _check_run_dir(run_dir: str, cfg: C.Config, fingerprint: str) -> None:
+def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None:
+    """Refuse a run directory whose run.json names a different model, naming the directory
+    and the architecture fields that differ; record=True writes run.json if absent."""
     meta = os.path.join(run_dir, "run.json")
+    fp, sig = model_fingerprint(policy), model_signature(policy)
+    old = None
     if os.path.exists(meta):
         with open(meta) as f:
             old = json.load(f)
-        if old.get("model_fingerprint") != fingerprint:
-            raise ValueError(f"run directory {run_dir} holds a run of a different model "
-                             f"({old.get('model_fingerprint')} != {fingerprint}); "
-                             "use another train.run_dir")
-    elif _is_main():
+    _barrier("supo_jax:run.json:read")   # every process read it before process 0 writes
+    if old is not None and old.get("model_fingerprint") != fp:
+        was = old.get("model") or {}
+        diff = "; ".join(f"{k} {was[k]} there, {sig[k]} here" for k in sig
+                         if k in was and was[k] != sig[k])
+        raise ValueError(f"run directory {run_dir} holds a checkpoint of a different model "
+                         f"({diff or 'model fingerprint ' + str(old.get('model_fingerprint'))}); "
+                         "use another train.run_dir or that run's model settings")
+    if old is None and record and _is_main():
         with open(meta, "w") as f:
-            json.dump({"model_fingerprint": fingerprint}, f)
+            json.dump({"model_fingerprint": fp, "model": sig}, f, indent=2)
 
 
 def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
@@ -217,7 +349,7 @@ def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed
                                      **{**cfg.env.knobs, **cfg.env.eval_knobs}))
     ctx = cfg.context if max_summaries is None else dataclasses.replace(
         cfg.context, max_summaries=int(max_summaries))
-    bar = _bar(len(tasks), f"eval S={ctx.max_summaries}", progress)
+    bar = _bar(len(_share(tasks)), f"eval S={ctx.max_summaries}", progress)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=1,
                        sampling=SamplingParams(0.0), progress=bar.update if bar else None)
     if bar:
@@ -232,10 +364,16 @@ def train(cfg: C.Config) -> dict:
     run_dir = cfg.train.run_dir
     os.makedirs(run_dir, exist_ok=True)
     mesh = make_run_mesh(cfg)
+    B = cfg.rollout.tasks_per_step
+    if jax.process_count() > 1:
+        print(f"process {jax.process_index()} of {jax.process_count()}: mesh "
+              f"{dict(mesh.shape) if mesh else None} over {jax.device_count()} devices; "
+              f"rollouts of {len(_share(range(B)))} of the {B} tasks of each step", flush=True)
     policy = build_policy(cfg, run_dir, mesh)
     fmt = ChatFormat(policy.tokenizer)
+    check_prompt_fits(cfg, fmt)
     fp = model_fingerprint(policy)
-    _check_run_dir(run_dir, cfg, fp)
+    check_run_dir(run_dir, policy, record=True)
     if _is_main():
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(C.to_dict(cfg), f, indent=2, default=str)
@@ -269,7 +407,6 @@ def train(cfg: C.Config) -> dict:
     from supo_jax.envs.datasets import load_tasks
     train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
                              **cfg.env.knobs)   # a tfds array_record task set, built on first use
-    B = cfg.rollout.tasks_per_step
     max_len = row_len(cfg, fmt)
     history = []
     outer = _bar(cfg.train.steps - start, "train", cfg.train.progress)
@@ -277,7 +414,8 @@ def train(cfg: C.Config) -> dict:
         t0 = time.time()
         pos = (step * B) % len(train_tasks)
         tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
-        bar = _bar(B * cfg.rollout.group_size, f"rollouts {step + 1}", cfg.train.progress)
+        bar = _bar(len(_share(tasks)) * cfg.rollout.group_size, f"rollouts {step + 1}",
+                   cfg.train.progress)
         rollouts = rollout_batch(policy, fmt, cfg, tasks, seed=hash_seed(cfg.train.seed, step),
                                  progress=bar.update if bar else None)
         if bar:
@@ -289,15 +427,14 @@ def train(cfg: C.Config) -> dict:
             batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
                                 pack=o.pack)
             if o.recompute_old_logprobs:
-                import dataclasses
-                batch = dataclasses.replace(batch, old_logp=np.asarray(recompute_logprobs(
-                    graphdef, params, batch, cfg.loss.temperature)))
+                batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(
+                    graphdef, params, place_batch(batch, mesh), cfg.loss.temperature)))
             rng = np.random.default_rng(hash_seed(cfg.train.seed, step) + 1)
             ms = []
             for _ in range(o.ppo_epochs):
                 perm = rng.permutation(batch.rows)
                 for i in range(0, batch.rows, o.minibatch_rows):
-                    mb = batch.take(perm[i:i + o.minibatch_rows])
+                    mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
                     params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
                                                       cfg=cfg.loss, micro=o.micro)
                     nnx.update(policy.model, params)
@@ -338,9 +475,9 @@ def train(cfg: C.Config) -> dict:
     if _is_main():
         with open(os.path.join(run_dir, "eval.json"), "w") as f:
             json.dump({"eval": final, "eval_scaling": scaling, **report}, f, indent=2, default=str)
-        export = os.path.join(run_dir, "hf")
-        policy.save_pretrained(export)
-        result["export"] = export
+    export = os.path.join(run_dir, "hf")
+    policy.save_pretrained(export)   # collective gathers; process 0 writes
+    result["export"] = export
     return result
 
 
@@ -352,9 +489,8 @@ def init_opt_state(tx, params, mesh):
         return opt_state
     from jax.sharding import NamedSharding
 
-    from supo_jax.model.sharding import replicated
     return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
-                        else jax.device_put(x, replicated(mesh)), opt_state)
+                        else put(x, replicated(mesh)), opt_state)
 
 
 def hash_seed(seed: int, step: int) -> int:
