@@ -57,3 +57,14 @@ def llama3_style_tokenizer():
     tok.eos_token = "<|eot_id|>"
     tok.chat_template = LLAMA3_TEMPLATE
     return tok
+
+
+def flat_params(pure: dict) -> dict:
+    """A nested pure-dict of parameters as {'layers.wq': np.ndarray, ...}."""
+    out = {}
+    for k, v in pure.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in flat_params(v).items()})
+        else:
+            out[k] = np.asarray(v)
+    return out

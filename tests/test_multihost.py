@@ -18,6 +18,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers import flat_params
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # no SFT; unmasked rows with an entropy bonus, so that the loss is non-zero and every
@@ -113,16 +115,8 @@ def test_only_process_0_writes_logs_and_the_checkpoint_restores(two_process_run)
     restored = nnx.to_pure_dict(restored)
     exported = nnx.to_pure_dict(nnx.state(supo_jax.load_policy(os.path.join(run_dir, "hf")).model,
                                           nnx.Param))
-    r, e, i0 = dict(_leaves(restored)), dict(_leaves(exported)), dict(_leaves(initial))
+    r, e, i0 = flat_params(restored), flat_params(exported), flat_params(initial)
     assert r.keys() == e.keys()
     for k in r:
         np.testing.assert_array_equal(r[k], e[k], err_msg=k)
     assert any(not np.array_equal(r[k], i0[k]) for k in r)   # the two steps trained it
-
-
-def _leaves(d, prefix=""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _leaves(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", np.asarray(v)
