@@ -1,8 +1,10 @@
 """The supo-jax command line: real commands on a tiny model, one-line errors on bad input."""
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import supo_jax
 from supo_jax.cli import main
@@ -29,3 +31,105 @@ def test_missing_model_is_one_clear_line(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing" in lines[0] and lines[0].startswith("supo-jax export: error:")
+
+
+# ---- bad input: every command fails fast with one line naming the problem (exit code 2) ----
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "experiments", "configs", "tiny_test.py")
+COMMANDS = ("train", "eval", "sft", "rollout", "generate", "export")
+CONFIGURED = ("train", "eval", "sft", "rollout")   # the commands that read a config
+
+
+def _argv(cmd, tmp_path, model=None, sets=(), env="fncall/pages"):
+    if cmd in ("generate", "export"):
+        argv = [cmd, "--model", model]
+        return argv + ["--out", str(tmp_path / "out")] if cmd == "export" else argv
+    if cmd == "rollout":
+        argv = ["rollout", "--env", env, "--config", CONFIG, "--num", "1",
+                "--out", str(tmp_path / "r.jsonl")] + (["--policy", model] if model else [])
+    else:
+        argv = [cmd, "--config", CONFIG, "--set", f"train.run_dir={tmp_path / 'run'}"]
+        argv += ["--set", f"model.path={model}"] if model else []
+        argv += ["--set", f"env.name={env}"] if env != "fncall/pages" else []
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def _one_line_error(capsys, argv, *needles):
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"supo-jax {argv[0]}: error: "), lines
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_missing_or_unreadable_model_path(cmd, tmp_path, capsys):
+    missing = str(tmp_path / "no_such_model")
+    _one_line_error(capsys, _argv(cmd, tmp_path, missing), missing)
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file")
+    _one_line_error(capsys, _argv(cmd, tmp_path, str(garbage)), str(garbage), "GGUF")
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text('{"model_type": "llama"}')
+    _one_line_error(capsys, _argv(cmd, tmp_path, str(partial)), "config.json", "num_attention_heads")
+
+
+@pytest.mark.parametrize("cmd", CONFIGURED)
+def test_unknown_environment_and_config_key(cmd, tmp_path, capsys):
+    _one_line_error(capsys, _argv(cmd, tmp_path, env="fncall/nope"), "env.name", "fncall/nope")
+    _one_line_error(capsys, _argv(cmd, tmp_path, sets=["context.workin_context=100"]),
+                    "context.workin_context")
+
+
+@pytest.mark.parametrize("cmd", CONFIGURED)
+def test_working_context_smaller_than_the_prompt(cmd, tmp_path, capsys):
+    _one_line_error(capsys, _argv(cmd, tmp_path, sets=["context.working_context=60"]),
+                    "initial prompt", "context.working_context")
+    assert not os.path.isdir(tmp_path / "run" / "checkpoints")   # refused before any work
+
+
+@pytest.fixture(scope="module")
+def run_of_another_model(tmp_path_factory):
+    """A run directory as `train` leaves it after step 0: tokenizer, run.json, checkpoint."""
+    from supo_jax.checkpoint import RunCheckpoints
+    from supo_jax.config import load_config
+    from supo_jax.rl.train_step import make_optimizer
+    from supo_jax.rl.trainer import build_policy, check_run_dir
+
+    run_dir = str(tmp_path_factory.mktemp("other_model") / "run")
+    os.makedirs(run_dir)
+    policy = build_policy(load_config(CONFIG, [f"train.run_dir={run_dir}"]), run_dir)
+    check_run_dir(run_dir, policy, record=True)
+    _, params = policy.split()
+    ck = RunCheckpoints(os.path.join(run_dir, "checkpoints"), async_save=False)
+    ck.save(0, params, make_optimizer().init(params), {"step": 0})
+    ck.close()
+    return run_dir
+
+
+@pytest.mark.parametrize("cmd", ("train", "eval", "sft"))   # the commands with a run directory
+def test_run_dir_of_a_different_model(cmd, run_of_another_model, capsys):
+    argv = [cmd, "--config", CONFIG, "--set", f"train.run_dir={run_of_another_model}",
+            "--set", "model.tiny_hidden=48"]
+    _one_line_error(capsys, argv, run_of_another_model, "different model",
+                    "hidden_size 32 there, 48 here")
+
+
+@pytest.mark.parametrize("argv", [
+    ["rollout", "--env", "nope", "--num", "1"],
+    ["eval", "--config", CONFIG, "--set", "context.working_context=60"],
+    ["generate", "--model", "/nonexistent/model.gguf"],
+])
+def test_bad_input_exits_2_without_traceback(argv, tmp_path):
+    if argv[0] == "eval":
+        argv = argv + ["--set", f"train.run_dir={tmp_path / 'run'}"]
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli"] + argv, capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"supo-jax {argv[0]}: error: "), r.stderr

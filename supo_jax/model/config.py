@@ -118,7 +118,14 @@ class ModelConfig:
         if not os.path.isfile(fn):
             raise FileNotFoundError(f"no config.json in model directory {path!r}")
         with open(fn) as f:
-            return cls.from_hf_dict(json.load(f))
+            try:
+                hf = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{fn} is not valid JSON ({e})") from None
+        try:
+            return cls.from_hf_dict(hf)
+        except KeyError as e:
+            raise ValueError(f"{fn} lacks the field {e.args[0]!r}") from None
 
     def to_hf_dict(self) -> dict:
         """config.json content for this architecture (the source dict when there is one)."""
