@@ -53,7 +53,7 @@ def _cmd_train(args) -> None:
         print(f"process {jax.process_index()} of {jax.process_count()}: losses by step "
               f"{[h['loss'] for h in out['history']]}; logs and reports come from process 0")
         return
-    print(summary_table(out["history"], out["eval"]))
+    print(summary_table(out["history"], out["eval"], out.get("eval_before")))
     print(f"logs: {os.path.join(cfg.train.run_dir, 'metrics.jsonl')} and "
           f"{os.path.join(cfg.train.run_dir, 'tb')} (tensorboard --logdir {cfg.train.run_dir}); "
           f"checkpoints: {os.path.join(cfg.train.run_dir, 'checkpoints')}; "
@@ -95,6 +95,8 @@ def _cmd_eval(args) -> None:
     import json
     import os
 
+    import jax
+
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.trainer import check_prompt_fits, evaluate
 
@@ -109,10 +111,11 @@ def _cmd_eval(args) -> None:
     print(" | ".join(f"{k:>20s}" for k in keys))
     for r in rows:
         print(" | ".join(f"{r[k]:>20.3f}" if isinstance(r[k], float) else f"{r[k]:>20}" for k in keys))
-    os.makedirs(cfg.train.run_dir, exist_ok=True)
     out = os.path.join(cfg.train.run_dir, "eval_scaling.json")
-    with open(out, "w") as f:
-        json.dump(rows, f, indent=2)
+    if jax.process_index() == 0:   # multi-process: every process has the same rows
+        os.makedirs(cfg.train.run_dir, exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=2)
     print(f"saved {out}")
 
 
