@@ -6,6 +6,7 @@ no second inference engine and no weight sync.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from functools import partial
 
@@ -114,7 +115,27 @@ def load_tokenizer(path: str):
         raise FileNotFoundError(f"tokenizer path {path!r} is neither a directory nor a .gguf file")
     if not _has_tokenizer(path):
         raise FileNotFoundError(f"no tokenizer files in {path!r}")
-    return AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    file = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(file):
+        # transformers 5 builds some classes (e.g. Qwen2Tokenizer) from vocab + merges with
+        # their own pre-tokenizer, ignoring tokenizer.json's: if that changes the ids, the
+        # file (what the model was trained with) wins
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        raw = Tokenizer.from_file(file)
+        if raw.encode(_PROBE, add_special_tokens=False).ids != tok.encode(
+                _PROBE, add_special_tokens=False):
+            logging.getLogger(__name__).warning(
+                "%s: %s tokenizes differently from tokenizer.json; using tokenizer.json",
+                path, type(tok).__name__)
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+    return tok
+
+
+_PROBE = ("Person 12 is taller than person 3.\n\n<tool_call>{\"i\": 2048}</tool_call> "
+          "Ünïcode café, tabs\tand   spaces; 'quotes' it's 1,234.5 ...")
 
 
 def new_policy(cfg: ModelConfig, *, dtype="float32", compute_dtype=None, mesh=None, seed=0,
