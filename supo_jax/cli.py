@@ -181,6 +181,24 @@ def _cmd_rollout(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _cmd_sweep(args) -> None:
+    import os
+
+    from supo_jax import sweep
+
+    points = sweep.points(sweep.parse_grid(args.grid or []))
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    runs = sweep.plan(args.config, points, seeds, args.out, overrides=args.set or [])
+    print(f"sweep: {len(points)} grid points x {len(seeds)} seeds = {len(runs)} runs in {args.out}")
+    if not args.collect_only:
+        host = int(os.environ.get("SUPO_JAX_SWEEP_HOST", args.host_index))
+        hosts = int(os.environ.get("SUPO_JAX_SWEEP_HOSTS", args.host_count))
+        sweep.run_sweep(runs, host_index=host, host_count=hosts)
+    rep = sweep.report(runs, args.out)
+    print(rep["markdown"])
+    print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supo-jax", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -206,6 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "eval":
             c.add_argument("--max-summaries", default="", help="comma list, e.g. 0,2,4,8")
         c.set_defaults(fn=fn)
+    w = sub.add_parser("sweep", help="train a grid of overrides x seeds; one table and plots")
+    w.add_argument("--config", default=None, help="experiments/configs/NAME.py")
+    w.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="a key and its values")
+    w.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2")
+    w.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed overrides")
+    w.add_argument("--out", default="runs/sweep")
+    w.add_argument("--host-index", type=int, default=0, help="this host's share (pods)")
+    w.add_argument("--host-count", type=int, default=1)
+    w.add_argument("--collect-only", action="store_true", help="only collect finished runs")
+    w.set_defaults(fn=_cmd_sweep)
     r = sub.add_parser("rollout", help="run rollouts and write them as JSONL")
     r.add_argument("--env", required=True)
     r.add_argument("--policy", default="scripted", help="'scripted' or a model path")

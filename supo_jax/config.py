@@ -18,6 +18,7 @@ import typing
 from typing import Any, Sequence
 
 from supo_jax.agent.context import ContextConfig
+from supo_jax.agent.templates import SHORT_SUMMARY_INSTRUCTION
 from supo_jax.rl.train_step import AdvantageConfig, LossConfig
 
 
@@ -33,7 +34,7 @@ class ModelSection:
     tiny_heads: int = 4
     tiny_kv_heads: int = 2
     tiny_mlp: int = 128
-    tiny_vocab: int = 512
+    tiny_vocab: int = 1024
     tiny_template: str = "compact"  # tiny tokenizer chat template: compact | qwen
 
 
@@ -82,6 +83,9 @@ class TrainSection:
     save_every: int = 10
     keep: int = 3
     eval_every: int = 0            # 0 = only at the end
+    eval_before: bool = True       # also evaluate the starting policy (step 0 in metrics.jsonl)
+    eval_temperature: float = 0.0  # 0 = greedy (one rollout per task)
+    eval_samples: int = 1          # rollouts per eval task when eval_temperature > 0
     eval_max_summaries: tuple = ()  # extra summary caps evaluated at the end
     init_from: str = ""            # a checkpoint / HF dir to start from ("" = model.path)
     sft_warm_start: bool = True    # tiny policies with no init: SFT on expert demos first
@@ -106,24 +110,28 @@ class MeshSection:
 
 
 # The embedded default (`supo-jax train` with no arguments): a CPU-scale SUPO run on the
-# function-calling chain family, small enough for 2 cores. Sections left at their class
+# function-calling tallest family, small enough for 2 cores. Sections left at their class
 # defaults elsewhere (ContextConfig: W = 4096, S = 7, H = 100) keep the paper's values.
 CPU_CONTEXT = ContextConfig(manager="supo", working_context=400, max_summaries=3, max_steps=30,
-                            max_action_tokens=48, max_summary_tokens=48, max_observation_tokens=64)
+                            max_action_tokens=48, max_summary_tokens=48, max_observation_tokens=64,
+                            summary_instruction=SHORT_SUMMARY_INSTRUCTION)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = ModelSection()
-    env: EnvSection = EnvSection(name="fncall/chain", knobs={"size": [3, 6]}, train_tasks=1024,
+    env: EnvSection = EnvSection(name="fncall/tallest", knobs={"size": [5, 9]}, train_tasks=1024,
                                  eval_tasks=16)
     context: ContextConfig = CPU_CONTEXT
-    rollout: RolloutSection = RolloutSection(tasks_per_step=4, group_size=4, rows=16)
+    # a tiny policy's distributions are diffuse: sampling at 0.7 keeps enough rollouts answering
+    rollout: RolloutSection = RolloutSection(tasks_per_step=8, group_size=4, rows=32,
+                                             temperature=0.7)
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
-    optim: OptimSection = OptimSection(lr=1e-4, minibatch_rows=16)
-    train: TrainSection = TrainSection(steps=20, save_every=5, eval_every=10)
-    sft: SFTSection = SFTSection(num_demos=64, steps=150, batch_rows=8)
+    optim: OptimSection = OptimSection(lr=3e-4, minibatch_rows=16)
+    train: TrainSection = TrainSection(steps=30, save_every=10, eval_every=10, eval_temperature=0.7,
+                                       eval_samples=4)
+    sft: SFTSection = SFTSection(num_demos=64, steps=300, batch_rows=8)
     mesh: MeshSection = MeshSection()
 
 
@@ -251,6 +259,8 @@ def validate(cfg: Config) -> Config:
                           f"optim.micro={cfg.optim.micro}")
     if cfg.optim.pack and cfg.loss.aggregation == "sequence-mean":
         raise ConfigError("optim.pack=true needs loss.aggregation=token-mean")
+    if cfg.train.eval_samples < 1 or cfg.train.eval_temperature < 0:
+        raise ConfigError("train.eval_samples must be >= 1 and train.eval_temperature >= 0")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
     return cfg

@@ -63,6 +63,19 @@ def test_segment_invariants(fmt):
         # the summary ends each non-final segment and is trained
         for s in r.segments[:-1]:
             assert "</summary>" in fmt.decode(s.tokens[-40:]) and s.mask[-1] == 1
+        # each summary dropped one action (it reached L): recorded as its context + the action
+        # alone trained; that context is the summarized segment's context before the summary turn
+        assert len(r.dropped) == r.counters["summaries"]
+        for seg, d in zip(r.segments, r.dropped):
+            first = d.mask.index(1)
+            assert all(d.mask[first:]) and not any(d.mask[:first])
+            assert "<tool_call>" in fmt.decode(d.tokens[first:])
+            ctx = first - len(fmt.gen_prompt)   # then the summary request / this action differ
+            assert d.tokens[:ctx] == seg.tokens[:ctx] and d.tokens[ctx:first] == tuple(fmt.gen_prompt)
+            assert len(d.tokens) >= cfg.trigger - cfg.max_observation_tokens
+        assert cfg.row_bound(fmt) == bound - cfg.max_action_tokens - cfg.max_summary_tokens + \
+            cfg.max_action_tokens + cfg.max_observation_tokens + len(fmt.gen_prompt) + \
+            cfg.max_summary_tokens
 
 
 def _common(a, b):

@@ -47,7 +47,10 @@ def straight_run(tmp_path_factory):
 def test_metrics_jsonl_and_tensorboard(straight_run):
     d, out = straight_run
     rows = _metrics(d)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    before, rows = rows[0], rows[1:]   # step 0: the eval of the starting policy
+    assert "eval/success_rate" in before and "loss" not in before
+    assert "eval before" in out
     need = {"step", "loss", "reward_mean", "success_rate", "p_summary", "p_success_given_summary",
             "working_context_mean", "working_context_max", "summaries_mean", "tool_calls_mean",
             "overlong_rate", "generated_tokens_mean", "clip_fraction", "approx_kl", "entropy",
@@ -74,7 +77,7 @@ def test_kill_9_and_rerun_resumes_exactly(straight_run, tmp_path):
     assert p.poll() is None, "the run finished before it could be killed"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    assert len(_metrics(d)) < 4
+    assert len(_metrics(d)) < 5
     r = subprocess.run(_cmd(d), env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resumed from" in r.stdout

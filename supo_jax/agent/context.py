@@ -82,6 +82,11 @@ class ContextConfig:
             n += instruction_tokens + gen_prompt_tokens + self.max_summary_tokens
         return n
 
+    def row_bound(self, fmt: ChatFormat) -> int:
+        """cache_len with this config's summary instruction rendered by `fmt`."""
+        instr = max(len(fmt.turn(prev, "user", self.summary_instruction)) for prev in ("user", "tool"))
+        return self.cache_len(instr, len(fmt.gen_prompt))
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
@@ -123,6 +128,9 @@ class RolloutState:
     summary_lengths: tuple[int, ...] = ()
     max_context: int = 0               # longest sequence the policy attended over (request + output)
     pending: tuple[int, ...] = ()      # the summary request's context (context + instruction)
+    # actions the manager dropped from the context (they reached L), each as context + action
+    # with the action alone trained: never RL rows (SUPO drops them), but valid SFT targets
+    dropped: tuple[Segment, ...] = ()
 
     @property
     def context_len(self) -> int:
@@ -207,9 +215,13 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     base = grown if cfg.show_dropped_to_summarizer else state
     instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
+    n_ctx = len(state.tokens) + len(gp)
+    dropped = state.dropped + (Segment(with_action.tokens, (0,) * n_ctx + (1,) * len(action.tokens),
+                                       with_action.logprobs),)
     seg_state = grown if cfg.show_dropped_to_summarizer else dataclasses.replace(
         state, steps=steps, tool_calls=grown.tool_calls, generated_tokens=grown.generated_tokens,
         max_context=grown.max_context)
+    seg_state = dataclasses.replace(seg_state, dropped=dropped)
     return dataclasses.replace(
         seg_state, phase="summarize", pending=base.tokens + instr,
         messages=base.messages + ({"role": "user", "content": cfg.summary_instruction},))

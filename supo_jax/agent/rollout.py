@@ -103,6 +103,7 @@ class Rollout:
     transcript: list[dict]
     summaries_text: list[str] = dataclasses.field(default_factory=list)
     summary_probes: list = dataclasses.field(default_factory=list)  # env.probe per summary
+    dropped: list = dataclasses.field(default_factory=list)  # actions dropped at L (SFT rows)
 
     @property
     def answered(self) -> bool:
@@ -110,15 +111,17 @@ class Rollout:
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        d["segments"] = [{"tokens": list(s.tokens), "mask": list(s.mask),
-                          "logprobs": list(s.logprobs)} for s in self.segments]
+        for k in ("segments", "dropped"):
+            d[k] = [{"tokens": list(s.tokens), "mask": list(s.mask),
+                     "logprobs": list(s.logprobs)} for s in getattr(self, k)]
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Rollout":
         d = dict(d)
-        d["segments"] = [C.Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
-                         for s in d["segments"]]
+        for k in ("segments", "dropped"):
+            d[k] = [C.Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
+                    for s in d.get(k, ())]
         return cls(**d)
 
 
@@ -182,7 +185,8 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
         st = row.state
         results[(row.group_id, row.sample)] = Rollout(
             task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
-            sample=row.sample, segments=list(st.segments), reward=float(st.reward),
+            sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
+            reward=float(st.reward),
             reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
             summary_probes=row.probes,
             counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,

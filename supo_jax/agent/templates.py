@@ -7,6 +7,9 @@ SUMMARY_INSTRUCTION = (
     "Put the summary inside <summary></summary>."
 )
 
+# A short instruction for small CPU-scale policies, whose rows must stay short.
+SHORT_SUMMARY_INSTRUCTION = "Context full. Summarize the state in <summary></summary>, no tool call."
+
 # A user turn placed right after the initial prompt s1 (which already holds the task), so the
 # restarted context is s1 + this turn. "{prompt}" may also be used to repeat the task.
 CONTINUATION = "We are in the following stage of solving the problem:\n<summary>\n{summary}\n</summary>"

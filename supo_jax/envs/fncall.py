@@ -175,9 +175,6 @@ class FncallEnv(Environment):
         """(thought, tool name, arguments) of the next call."""
         raise NotImplementedError
 
-    @classmethod
-    def header(cls, p: dict) -> str:
-        raise NotImplementedError
 
     @classmethod
     def repair(cls, p: dict, s: dict) -> dict:
@@ -254,10 +251,6 @@ class Tallest(FncallEnv):
         # a summary without `next` restarts the scan at 1, which then meets the best itself
         return {**s, "next": s["next"] + 1} if s["next"] == s["best"] else s
 
-    @classmethod
-    def header(cls, p):
-        return (f"Finding the tallest of {p['n']} people by comparing the best so far with "
-                "each next person in order.")
 
 
 class Pages(FncallEnv):
@@ -317,9 +310,6 @@ class Pages(FncallEnv):
         return (f"Sum so far: {s['sum']}. Read page {s['next']}.", "read_page",
                 {"page": s["next"]})
 
-    @classmethod
-    def header(cls, p):
-        return f"Summing the numbers on pages 1 to {p['n']}, reading the pages in order."
 
 
 _KEY_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"
@@ -393,9 +383,6 @@ class Chain(FncallEnv):
                 "answer": s["key"]}
         return (f"{s['hops']} lookups done. Look up {s['key']}.", "lookup", {"key": s["key"]})
 
-    @classmethod
-    def header(cls, p):
-        return f"Following the table {p['n']} times from key {p['start']}."
 
 
 class Graph(FncallEnv):
@@ -486,10 +473,6 @@ class Graph(FncallEnv):
         return (f"Layer {s['layer']}: expand node {s['todo'][0]}.", "neighbors",
                 {"node": s["todo"][0]})
 
-    @classmethod
-    def header(cls, p):
-        return (f"Breadth-first search from node {p['source']} for node {p['target']} in a "
-                f"{p['n']}-node graph, expanding each layer in ascending order.")
 
 
 def _adjacency(n: int, edges) -> list[list[int]]:
@@ -627,10 +610,9 @@ class Expert:
         if self.summary_drop > 0 and self.rng.random() < self.summary_drop:
             keys.remove(self.rng.choice(keys))
             self.dropped += 1
-            return f"<summary>{fam.header(p)} State: {format_state(s, keys)}.</summary>"
+            return f"<summary>State: {format_state(s, keys)}.</summary>"
         todo = f"{name}({', '.join(repr(v) for v in args.values())})"
-        return (f"<summary>{fam.header(p)} State: {format_state(s, keys)}. "
-                f"To do: {todo}.</summary>")
+        return f"<summary>State: {format_state(s, keys)}. Next: {todo}.</summary>"
 
 
 def expert_for(env_name: str, **kwargs) -> Expert:

@@ -15,14 +15,21 @@ from supo_jax.agent.rollout import ScriptedActor, run_rollouts
 
 
 def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: ContextConfig,
-                    *, summary_drop: float = 0.0, seed: int = 0, only_successful: bool = True):
-    """Segments of scripted-expert rollouts (mask 1 on the expert's actions and summaries)."""
+                    *, summary_drop: float = 0.0, seed: int = 0, only_successful: bool = True,
+                    dropped: bool = True):
+    """Segments of scripted-expert rollouts (mask 1 on the expert's actions and summaries).
+
+    dropped: also the actions the context manager dropped because they reached L (each as
+    context + action). RL never trains them (SUPO), but without them a demonstration never
+    shows what to do at that point of a context, and a policy may do anything there, e.g.
+    answer early (which ends the rollout before the summary turn)."""
     from supo_jax.envs import make_env
     from supo_jax.envs.experts import expert_for
 
     actor = ScriptedActor(expert_for(env_name, summary_drop=summary_drop, seed=seed), fmt)
     ro = run_rollouts(actor, lambda: make_env(env_name), tasks, fmt, ctx, rows=16)
-    return [s for r in ro if (r.reward > 0 or not only_successful) for s in r.segments], ro
+    keep = [r for r in ro if r.reward > 0 or not only_successful]
+    return [s for r in keep for s in (r.segments + (r.dropped if dropped else []))], ro
 
 
 def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> Segment:

@@ -38,7 +38,7 @@ class LossConfig:
     aggregation: str = "token-mean"
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
-    temperature: float = 1.0     # the sampler's temperature: logprobs use the same convention
+    temperature: float = 1.0     # the sampler's temperature (the trainer sets it from rollout.temperature)
 
     def __post_init__(self):
         if self.objective not in ("ppo", "sft"):

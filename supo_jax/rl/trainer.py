@@ -44,7 +44,6 @@ from supo_jax.sampling.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
 
-INSTRUCTION_ALLOWANCE = 160   # tokens reserved for the summary instruction turn in cache sizing
 
 
 def _is_main() -> bool:
@@ -146,7 +145,7 @@ def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> N
 
 
 def row_len(cfg: C.Config, fmt: ChatFormat) -> int:
-    return cfg.optim.max_row_len or cfg.context.cache_len(INSTRUCTION_ALLOWANCE, len(fmt.gen_prompt))
+    return cfg.optim.max_row_len or cfg.context.row_bound(fmt)
 
 
 def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None, group_size=None,
@@ -168,7 +167,7 @@ def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None,
     ctx = context or cfg.context
     r = cfg.rollout
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
-    max_len = ctx.cache_len(INSTRUCTION_ALLOWANCE, len(fmt.gen_prompt))
+    max_len = ctx.row_bound(fmt)
     g = group_size or r.group_size
     multi = jax.process_count() > 1
     mine = _share(tasks) if multi else tasks
@@ -257,6 +256,7 @@ class MetricsLog:
     def __init__(self, run_dir: str, resume_step: int):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = None
+        self.kept: list[dict] = []   # rows of the steps before a resume
         if not _is_main():
             return
         kept = []
@@ -265,6 +265,7 @@ class MetricsLog:
                 kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
         with open(self.path, "w") as f:
             f.writelines(kept)
+        self.kept = [json.loads(ln) for ln in kept]
         try:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
@@ -340,7 +341,8 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
 
 def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed: int = 0,
              progress=True) -> dict:
-    """Success etc. on the held-out split (G = 1, greedy) with an optional summary cap."""
+    """Success etc. on the held-out split with an optional summary cap: greedy (one rollout
+    per task) by default, or train.eval_samples rollouts per task at train.eval_temperature."""
     import dataclasses
 
     from supo_jax.envs.datasets import load_tasks
@@ -349,9 +351,12 @@ def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed
                                      **{**cfg.env.knobs, **cfg.env.eval_knobs}))
     ctx = cfg.context if max_summaries is None else dataclasses.replace(
         cfg.context, max_summaries=int(max_summaries))
-    bar = _bar(len(_share(tasks)), f"eval S={ctx.max_summaries}", progress)
-    ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=1,
-                       sampling=SamplingParams(0.0), progress=bar.update if bar else None)
+    t = cfg.train
+    g = t.eval_samples if t.eval_temperature > 0 else 1
+    bar = _bar(len(_share(tasks)) * g, f"eval S={ctx.max_summaries}", progress)
+    ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=g,
+                       sampling=SamplingParams(t.eval_temperature),
+                       progress=bar.update if bar else None)
     if bar:
         bar.close()
     out = summarize(ro)
@@ -403,11 +408,21 @@ def train(cfg: C.Config) -> dict:
                                               "task_position": 0, "model_fingerprint": fp,
                                               "warm_start": report})
     metrics_log = MetricsLog(run_dir, start)
+    if cfg.train.eval_before:   # the starting policy; a resumed run reads it back (process 0)
+        row = next((r for r in metrics_log.kept if r["step"] == 0 and "loss" not in r), None)
+        if row:
+            report["eval_before"] = {k[5:]: v for k, v in row.items() if k.startswith("eval/")}
+        elif start == 0:
+            report["eval_before"] = evaluate(policy, fmt, cfg, seed=cfg.train.seed,
+                                             progress=cfg.train.progress)
+            metrics_log.write({"step": 0, **_eval_row(report["eval_before"])})
 
     from supo_jax.envs.datasets import load_tasks
     train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
                              **cfg.env.knobs)   # a tfds array_record task set, built on first use
     max_len = row_len(cfg, fmt)
+    # the loss's logprobs use the convention of the sampler that produced the old logprobs
+    loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
     history = []
     outer = _bar(cfg.train.steps - start, "train", cfg.train.progress)
     for step in range(start, cfg.train.steps):
@@ -428,7 +443,7 @@ def train(cfg: C.Config) -> dict:
                                 pack=o.pack)
             if o.recompute_old_logprobs:
                 batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(
-                    graphdef, params, place_batch(batch, mesh), cfg.loss.temperature)))
+                    graphdef, params, place_batch(batch, mesh), loss_cfg.temperature)))
             rng = np.random.default_rng(hash_seed(cfg.train.seed, step) + 1)
             ms = []
             for _ in range(o.ppo_epochs):
@@ -436,7 +451,7 @@ def train(cfg: C.Config) -> dict:
                 for i in range(0, batch.rows, o.minibatch_rows):
                     mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
                     params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
-                                                      cfg=cfg.loss, micro=o.micro)
+                                                      cfg=loss_cfg, micro=o.micro)
                     nnx.update(policy.model, params)
                     ms.append(m)
             ms = jax.device_get(ms)
@@ -462,8 +477,7 @@ def train(cfg: C.Config) -> dict:
                 "model_fingerprint": fp})
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
             ev = evaluate(policy, fmt, cfg, seed=cfg.train.seed, progress=cfg.train.progress)
-            metrics_log.write({"step": step + 1, **{f"eval/{k}": v for k, v in ev.items()
-                                                    if isinstance(v, (int, float))}})
+            metrics_log.write({"step": step + 1, **_eval_row(ev)})
     if outer:
         outer.close()
     ckpts.close()
@@ -479,6 +493,10 @@ def train(cfg: C.Config) -> dict:
     policy.save_pretrained(export)   # collective gathers; process 0 writes
     result["export"] = export
     return result
+
+
+def _eval_row(ev: dict) -> dict:
+    return {f"eval/{k}": v for k, v in ev.items() if isinstance(v, (int, float))}
 
 
 def init_opt_state(tx, params, mesh):
@@ -502,19 +520,22 @@ def summarize_scalars(rollouts) -> dict:
     return {k: v for k, v in s.items() if isinstance(v, (int, float))}
 
 
-def summary_table(history: list[dict], final: dict | None = None) -> str:
-    """A terminal table: first / last step and the final eval."""
+def summary_table(history: list[dict], final: dict | None = None,
+                  before: dict | None = None) -> str:
+    """A terminal table: the eval before training, the first / last step, the final eval."""
     keys = ["success_rate", "reward_mean", "loss", "p_summary", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "working_context_max", "overlong_rate", "summary_state_share",
             "rollout_seconds", "update_seconds"]
     if not history:
         return "(no steps run)"
-    first, last = history[0], history[-1]
-    lines = [f"{'metric':28s} {'step ' + str(first['step']):>12s} {'step ' + str(last['step']):>12s}"
-             + (f" {'eval':>12s}" if final else "")]
+    cols = ([("eval before", before)] if before else []) + [
+        (f"step {history[0]['step']}", history[0]), (f"step {history[-1]['step']}", history[-1])
+    ] + ([("eval after" if before else "eval", final)] if final else [])
+
+    def cell(d, k):
+        v = d.get(k) if d else None
+        return f"{v:12.3f}" if isinstance(v, (int, float)) else f"{'-':>12s}"
+    lines = [f"{'metric':28s}" + "".join(f" {name:>12s}" for name, _ in cols)]
     for k in keys:
-        def fmt(d):
-            v = d.get(k) if d else None
-            return f"{v:12.3f}" if isinstance(v, (int, float)) else f"{'-':>12s}"
-        lines.append(f"{k:28s} {fmt(first)} {fmt(last)}" + (f" {fmt(final)}" if final else ""))
+        lines.append(f"{k:28s}" + "".join(f" {cell(d, k)}" for _, d in cols))
     return "\n".join(lines)

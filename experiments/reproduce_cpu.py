@@ -1,0 +1,199 @@
+"""Reproduce the SUPO paper's claims at CPU scale (SUPO.md §6-§7), in one command:
+
+    python experiments/reproduce_cpu.py --out runs/reproduce      # ~30 min on 2 CPU cores
+
+1. warm-start a tiny policy by SFT on scripted demonstrations whose summaries are imperfect
+   on purpose (sft.summary_drop), once;
+2. from that checkpoint, with the same seeds, train: SUPO at W; GRPO (`full`) at W; GRPO at
+   W*(S+1); SUPO without overlong masking; SUPO with the trajectory-group advantage (Eq. 4);
+3. evaluate every policy on the held-out split before and after training, and the SUPO
+   policy with the summary cap at 0, S, 2S and 4S;
+4. write DIR/results.json, DIR/results.md (the layout of the paper's Table 1) and PNG plots.
+
+The runs go through the sweep machinery (supo_jax.sweep): rerunning the command skips
+finished runs and resumes unfinished ones. `--quick` is the miniature the tests run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CONFIG = os.path.join(HERE, "configs", "cpu_reproduce.py")
+
+# a few steps of everything, for the test that keeps this pipeline from rotting
+QUICK = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
+         "model.tiny_kv_heads=1", "model.tiny_mlp=64", "model.tiny_vocab=512",
+         "env.knobs.size=[5, 6]", "env.train_tasks=32", "env.eval_tasks=2", "sft.num_demos=4",
+         "sft.steps=2", "train.steps=2", "train.save_every=2", "rollout.tasks_per_step=2",
+         "rollout.group_size=2", "rollout.rows=4", "optim.minibatch_rows=4",
+         "train.progress=false"]
+
+
+def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
+    """(directory, label, overrides) of each trained method."""
+    scaling = "(" + ", ".join(str(s) for s in (0, S, 2 * S, 4 * S)) + ",)"
+    return [
+        ("supo", f"SUPO (W={W}, S={S})", {"train.eval_max_summaries": scaling}),
+        ("grpo_w", f"GRPO (W={W})", {"context.manager": "full"}),
+        ("grpo_w_s1", f"GRPO (W={W * (S + 1)})",
+         {"context.manager": "full", "context.working_context": str(W * (S + 1))}),
+        ("supo_no_mask", "SUPO, no overlong masking", {"advantage.masked_reasons": "()"}),
+        ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
+         {"advantage.estimator": "trajectory_group"}),
+    ]
+
+
+def warm_start_once(cfg, out: str, log=print) -> tuple[str, dict]:
+    """SFT the configured tiny policy once; returns (HF dir, report). Reused when present."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.rl.trainer import build_policy, warm_start
+
+    hf = os.path.join(out, "sft")
+    meta = os.path.join(out, "sft.json")
+    if os.path.exists(meta) and os.path.isdir(hf):
+        with open(meta) as f:
+            return hf, json.load(f)
+    log("training the SFT warm-start policy on scripted demonstrations")
+    t0 = time.time()
+    policy = build_policy(cfg, os.path.join(out, "sft_tokenizer"))
+    report = warm_start(policy, ChatFormat(policy.tokenizer), cfg, cfg.train.progress)
+    policy.save_pretrained(hf)
+    report["seconds"] = time.time() - t0
+    with open(meta, "w") as f:
+        json.dump(report, f, indent=2)
+    return hf, report
+
+
+def _fmt(v, pct=False):
+    if v is None:
+        return "-"
+    m, s = v
+    return f"{100 * m:.1f} ± {100 * s:.1f}" if pct else f"{m:.2f} ± {s:.2f}"
+
+
+def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
+    lines = ["| method | working context | effective context | success before (%) | "
+             "success after (%) | tool calls | summaries |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d, lbl = r["name"], labels[r["name"]]
+        work = W * (S + 1) if d == "grpo_w_s1" else W
+        eff = work if d.startswith("grpo") else W * (S + 1)
+        lines.append(f"| {lbl} | {work} | {eff} | {_fmt(r['before_success'], True)} | "
+                     f"{_fmt(r['success_rate'], True)} | {_fmt(r['tool_calls_mean'])} | "
+                     f"{_fmt(r['summaries_mean'])} |")
+    out = ["# CPU reproduction of SUPO's claims", "",
+           f"Command: `{meta['command']}`; seeds {meta['seeds']}; {meta['minutes']:.1f} min on "
+           f"{meta['machine']}.", "",
+           f"Task: {meta['task']}. SFT warm start: {sft.get('sft_segments')} demonstration rows, "
+           f"loss {sft.get('sft_loss_first', float('nan')):.2f} -> "
+           f"{sft.get('sft_loss_last', float('nan')):.2f}.", "",
+           f"Held-out success ({meta['eval']}), mean ± std over seeds; before = the SFT "
+           "policy under each method's context manager.", "", *lines, "",
+           "Test-time summary scaling (the SUPO policy, trained with S = "
+           f"{S}):", "", "| max summaries at eval | success (%) |", "|---|---|"]
+    out += [f"| {s} | {_fmt(v, True)} |" for s, v in scaling]
+    out += ["", "![success vs step](success_vs_step.png)",
+            "![working context](working_context.png)", "![summaries](summaries.png)",
+            "![test-time scaling](test_time_scaling.png)",
+            "![state-carrying summaries](summary_state_share.png)", ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    import numpy as np
+
+    from supo_jax import config as C
+    from supo_jax import sweep
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
+    ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--quick", action="store_true", help="a miniature run (tests)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    sets = (QUICK if args.quick else []) + args.set
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    os.makedirs(args.out, exist_ok=True)
+    base = C.load_config(args.config, sets)
+    W, S = base.context.working_context, base.context.max_summaries
+    hf, sft = warm_start_once(base, args.out)
+    common = [*sets, f"train.init_from={hf}", "train.sft_warm_start=false"]
+    ms = methods(W, S)
+    runs = sweep.plan(args.config, [m[2] for m in ms], seeds, os.path.join(args.out, "runs"),
+                      overrides=common, names=[m[0] for m in ms])
+    results = sweep.run_sweep(runs)
+    rows = sweep.collect(runs)
+    for r in rows:
+        vals = [x["eval_before"].get("success_rate") for x in results if x["name"] == r["name"]]
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        r["before_success"] = (float(np.mean(vals)), float(np.std(vals))) if vals else None
+    # test-time scaling of the SUPO policy
+    caps = {}
+    for run in (r for r in runs if r.name == "supo"):
+        with open(os.path.join(run.run_dir, "eval.json")) as f:
+            for e in json.load(f)["eval_scaling"]:
+                caps.setdefault(e["max_summaries"], []).append(e["success_rate"])
+    scaling = [(s, (float(np.mean(v)), float(np.std(v)))) for s, v in sorted(caps.items())]
+
+    labels = {m[0]: m[1] for m in ms}
+    series = {labels[n]: [r.run_dir for r in runs if r.name == n] for n in labels}
+    smooth = 1 if args.quick else 3
+    sweep.plot_curves(series, "success_rate", os.path.join(args.out, "success_vs_step.png"),
+                      "training success rate", smooth)
+    sweep.plot_curves(series, "working_context_mean", os.path.join(args.out, "working_context.png"),
+                      "working context (tokens)", smooth)
+    sweep.plot_curves(series, "summaries_mean", os.path.join(args.out, "summaries.png"),
+                      "summaries per rollout", smooth)
+    sweep.plot_curves({k: v for k, v in series.items() if k.startswith("SUPO")},
+                      "summary_state_share", os.path.join(args.out, "summary_state_share.png"),
+                      "summaries that carry the state", smooth)
+    _plot_scaling(scaling, S, os.path.join(args.out, "test_time_scaling.png"))
+
+    import platform
+    meta = {"command": "python experiments/reproduce_cpu.py " + " ".join(argv or sys.argv[1:]),
+            "seeds": seeds, "minutes": (time.time() - t0) / 60,
+            "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
+            "eval": (f"{base.env.eval_tasks} tasks x {base.train.eval_samples} samples at "
+                     f"temperature {base.train.eval_temperature}" if base.train.eval_temperature > 0
+                     else f"{base.env.eval_tasks} tasks, greedy"),
+            "task": f"{base.env.name} {base.env.knobs}, W={W}, S={S}, H={base.context.max_steps}, "
+                    f"{base.rollout.tasks_per_step} tasks x G={base.rollout.group_size} per step, "
+                    f"{base.train.steps} steps"}
+    md = results_markdown(rows, labels, W, S, scaling, sft, meta)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "sft": sft, "methods": rows, "labels": labels,
+                   "test_time_scaling": scaling, "runs": results}, f, indent=2, default=str)
+    print(md)
+    return 0
+
+
+def _plot_scaling(scaling, S, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    if scaling:
+        xs = [s for s, _ in scaling]
+        ax.errorbar(xs, [100 * v[0] for _, v in scaling], yerr=[100 * v[1] for _, v in scaling],
+                    marker="o", capsize=3)
+        ax.axvline(S, color="gray", ls="--", lw=1, label=f"training cap S={S}")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("max summaries at evaluation")
+    ax.set_ylabel("held-out success (%)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

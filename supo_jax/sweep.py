@@ -1,0 +1,259 @@
+"""Ablation sweeps: a grid of config overrides x seeds, run one after another, then one table
+(mean and spread over seeds) and plots.
+
+    supo-jax sweep --config NAME.py --grid context.manager=supo,full \
+        --grid context.working_context=400,1600 --seeds 0,1,2 --out runs/sweep
+
+Every (grid point, seed) is one training run in DIR/<point>/seed<k> (a normal run directory:
+metrics.jsonl, checkpoints, eval.json). A finished run leaves result.json and is skipped when
+the sweep is run again, so an interrupted sweep picks up where it stopped (an unfinished run
+resumes from its own checkpoints). On a pod, give each host its share with
+--host-index/--host-count (one run per host at a time, without jax.distributed); any host can
+then `--collect-only` the table once all shares are done.
+
+Every configuration is built and validated before the first run starts, so a typo in a grid
+key or value fails at once, naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from supo_jax import config as C
+
+REPORT_KEYS = ("success_rate", "reward_mean", "tool_calls_mean", "summaries_mean",
+               "working_context_mean", "working_context_max", "summary_state_share")
+
+
+def split_values(text: str) -> list[str]:
+    """'a,[1, 2],{"x": 1}' -> ['a', '[1, 2]', '{"x": 1}']: commas inside brackets, braces or
+    quotes do not split."""
+    out, depth, cur, quote = [], 0, "", None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    out.append(cur.strip())
+    if any(not v for v in out):
+        raise C.ConfigError(f"grid values {text!r} contain an empty value")
+    return out
+
+
+def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+    grid = []
+    for item in items:
+        if "=" not in item:
+            raise C.ConfigError(f"--grid {item!r} is not of the form key=v1,v2,...")
+        key, values = item.split("=", 1)
+        grid.append((key.strip(), split_values(values)))
+    keys = [k for k, _ in grid]
+    if len(set(keys)) != len(keys):
+        raise C.ConfigError(f"--grid names a key twice: {keys}")
+    return grid
+
+
+def points(grid: Sequence[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    """Every combination of grid values, in order (the first key varies slowest)."""
+    if not grid:
+        return [{}]
+    keys = [k for k, _ in grid]
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(v for _, v in grid))]
+
+
+def point_name(point: dict[str, str]) -> str:
+    if not point:
+        return "base"
+    name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
+    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", name)[:120]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str          # the grid point's label (its directory under the sweep's output)
+    point: dict        # its overrides
+    seed: int
+    run_dir: str
+    cfg: C.Config
+
+
+def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[int], out: str,
+         overrides: Sequence[str] = (), names: Sequence[str] | None = None) -> list[Run]:
+    """All runs (grid point x seed), each config loaded and validated now. grid_points:
+    dicts of overrides (e.g. points(parse_grid(...))); names: their labels (default: the
+    overrides written out)."""
+    if not seeds:
+        raise C.ConfigError("--seeds needs at least one seed")
+    names = list(names) if names is not None else [point_name(p) for p in grid_points]
+    if len(names) != len(grid_points) or len(set(names)) != len(names):
+        raise ValueError("one distinct name per grid point")
+    runs = []
+    for name, point in zip(names, grid_points):
+        for seed in seeds:
+            run_dir = os.path.join(out, name, f"seed{seed}")
+            sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
+                    f"train.seed={seed}", f"train.run_dir={run_dir}"]
+            runs.append(Run(name, dict(point), int(seed), run_dir, C.load_config(config_path, sets)))
+    return runs
+
+
+def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
+              train_fn: Callable | None = None, log=print) -> list[dict]:
+    """Run this host's share of `runs` (run i goes to host i % host_count); returns their
+    results (finished runs are read back, not rerun)."""
+    if not 0 <= host_index < host_count:
+        raise ValueError(f"host index {host_index} is not in [0, {host_count})")
+    if train_fn is None:
+        from supo_jax.rl.trainer import train as train_fn
+    results = []
+    for i, run in enumerate(runs):
+        if i % host_count != host_index:
+            continue
+        done = os.path.join(run.run_dir, "result.json")
+        if os.path.exists(done):
+            with open(done) as f:
+                results.append(json.load(f))
+            log(f"[{i + 1}/{len(runs)}] {run.run_dir}: finished earlier")
+            continue
+        log(f"[{i + 1}/{len(runs)}] {run.run_dir}")
+        t0 = time.time()
+        out = train_fn(run.cfg)
+        res = {"name": run.name, "point": run.point, "seed": run.seed, "run_dir": run.run_dir,
+               "seconds": time.time() - t0, "eval": _scalars(out.get("eval", {})),
+               "eval_before": _scalars(out.get("eval_before") or {}),
+               "last_step": _scalars(out["history"][-1]) if out.get("history") else {}}
+        with open(done + ".tmp", "w") as f:
+            json.dump(res, f, indent=2)
+        os.replace(done + ".tmp", done)
+        results.append(res)
+    return results
+
+
+def _scalars(d: dict) -> dict:
+    return {k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def collect(runs: Sequence[Run]) -> list[dict]:
+    """One row per grid point: mean and standard deviation over the finished seeds of the
+    final eval metrics (plus the seeds that have not finished)."""
+    rows = []
+    for name in _unique(r.name for r in runs):
+        mine = [r for r in runs if r.name == name]
+        res = []
+        for r in mine:
+            p = os.path.join(r.run_dir, "result.json")
+            if os.path.exists(p):
+                with open(p) as f:
+                    res.append(json.load(f))
+        row = {"name": name, "point": mine[0].point, "seeds": [r["seed"] for r in res],
+               "missing_seeds": [r.seed for r in mine if r.seed not in {x["seed"] for x in res}]}
+        for k in REPORT_KEYS:
+            vals = [r["eval"][k] for r in res if isinstance(r["eval"].get(k), (int, float))
+                    and not np.isnan(r["eval"][k])]
+            row[k] = (float(np.mean(vals)), float(np.std(vals))) if vals else None
+        row["seconds"] = float(np.mean([r["seconds"] for r in res])) if res else None
+        rows.append(row)
+    return rows
+
+
+def _unique(items):
+    out = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def table_markdown(rows: Sequence[dict]) -> str:
+    head = ["run", "seeds", *REPORT_KEYS[:5], "minutes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["name"], ",".join(map(str, r["seeds"])) or "-"]
+        for k in REPORT_KEYS[:5]:
+            cells.append("-" if r[k] is None else f"{r[k][0]:.3f} ± {r[k][1]:.3f}")
+        cells.append("-" if r["seconds"] is None else f"{r['seconds'] / 60:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    p = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(p):
+        return []
+    with open(p) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def curves(run_dirs: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std) of a per-step training metric over runs (steps all runs have)."""
+    per_run = []
+    for d in run_dirs:
+        rows = {m["step"]: m[key] for m in read_metrics(d) if key in m and "loss" in m}
+        if rows:
+            per_run.append(rows)
+    if not per_run:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    steps = sorted(set.intersection(*(set(r) for r in per_run)))
+    vals = np.asarray([[r[s] for s in steps] for r in per_run], dtype=float)
+    return np.asarray(steps), vals.mean(0), vals.std(0)
+
+
+def plot_curves(series: dict[str, Sequence[str]], key: str, path: str, ylabel: str | None = None,
+                smooth: int = 1) -> str:
+    """One line per label (mean over its run dirs, shaded spread) of metric `key` vs step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, dirs in series.items():
+        steps, mean, std = curves(dirs, key)
+        if not len(steps):
+            continue
+        if smooth > 1 and len(mean) >= smooth:
+            k = np.ones(smooth) / smooth
+            mean = np.convolve(mean, k, mode="valid")
+            std = np.convolve(std, k, mode="valid")
+            steps = steps[smooth - 1:]
+        ax.plot(steps, mean, label=label)
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(ylabel or key)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(runs: Sequence[Run], out: str) -> dict:
+    """Write DIR/sweep.json, DIR/sweep.md and DIR/success_vs_step.png; return the rows."""
+    rows = collect(runs)
+    by_point = {n: [r.run_dir for r in runs if r.name == n] for n in _unique(r.name for r in runs)}
+    os.makedirs(out, exist_ok=True)
+    plot = plot_curves(by_point, "success_rate", os.path.join(out, "success_vs_step.png"),
+                       "training success rate")
+    with open(os.path.join(out, "sweep.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    md = table_markdown(rows)
+    with open(os.path.join(out, "sweep.md"), "w") as f:
+        f.write(f"# Sweep\n\nFinal held-out eval, mean ± std over seeds.\n\n{md}\n\n"
+                f"![success vs step]({os.path.basename(plot)})\n")
+    return {"rows": rows, "markdown": md, "plot": plot}

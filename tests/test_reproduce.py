@@ -1,0 +1,41 @@
+"""A miniature of experiments/reproduce_cpu.py (2 SFT steps, 2 RL steps per method), so the
+reproduction pipeline cannot silently rot."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_reproduce_cpu_quick(tmp_path):
+    out = str(tmp_path / "repro")
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "reproduce_cpu.py"), "--out", out,
+           "--quick"]
+    env = dict(os.environ, XLA_FLAGS="")   # one CPU device: the fastest trainer runs
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(out, "results.json")) as f:
+        res = json.load(f)
+    names = [m["name"] for m in res["methods"]]
+    assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4"]
+    for m in res["methods"]:
+        assert m["seeds"] == [0] and m["success_rate"] is not None and m["before_success"] is not None
+    S = 3
+    assert [s for s, _ in res["test_time_scaling"]] == [0, S, 2 * S, 4 * S]
+    cfgs = {x["name"]: json.load(open(os.path.join(x["run_dir"], "config.json")))
+            for x in res["runs"]}
+    assert cfgs["grpo_w"]["context"]["manager"] == "full"
+    assert cfgs["grpo_w_s1"]["context"]["working_context"] == 400 * (S + 1)
+    assert cfgs["supo_no_mask"]["advantage"]["masked_reasons"] == []
+    assert cfgs["supo_eq4"]["advantage"]["estimator"] == "trajectory_group"
+    assert all(c["train"]["init_from"] == os.path.join(out, "sft") for c in cfgs.values())
+    md = open(os.path.join(out, "results.md")).read()
+    assert "| method | working context | effective context |" in md and "GRPO (W=1600)" in md
+    for png in ("success_vs_step", "working_context", "summaries", "test_time_scaling",
+                "summary_state_share"):
+        assert os.path.getsize(os.path.join(out, png + ".png")) > 1000
+    # a second run reuses the SFT checkpoint and every finished run
+    r2 = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.stdout.count("finished earlier") == 5 and "training the SFT" not in r2.stdout

@@ -1,0 +1,86 @@
+"""Sweeps: grid parsing, planning (typos fail before any run), running with resume, host
+shares, and the collected table and plot."""
+import json
+import os
+
+import pytest
+
+from supo_jax import sweep
+from supo_jax.cli import main
+from supo_jax.config import ConfigError
+
+TINY = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "tiny_test.py")
+
+
+def test_split_values_keeps_brackets_and_quotes():
+    assert sweep.split_values('supo,full') == ["supo", "full"]
+    assert sweep.split_values('[3, 6],{"a": 1, "b": 2},"x,y"') == ['[3, 6]', '{"a": 1, "b": 2}', '"x,y"']
+    with pytest.raises(ConfigError):
+        sweep.split_values("a,,b")
+
+
+def test_points_is_the_product_in_order():
+    grid = sweep.parse_grid(["context.manager=supo,full", "optim.lr=1e-3,1e-4"])
+    pts = sweep.points(grid)
+    assert len(pts) == 4
+    assert pts[0] == {"context.manager": "supo", "optim.lr": "1e-3"}
+    assert pts[3] == {"context.manager": "full", "optim.lr": "1e-4"}
+    assert sweep.point_name(pts[1]) == "manager=supo,lr=1e-4"
+    with pytest.raises(ConfigError, match="twice"):
+        sweep.parse_grid(["a.b=1", "a.b=2"])
+
+
+def test_plan_validates_every_config_before_running(tmp_path):
+    with pytest.raises(ConfigError, match="context.manger"):
+        sweep.plan(TINY, [{"context.manger": "full"}], [0], str(tmp_path))
+    with pytest.raises(ConfigError, match="optim.lr"):
+        sweep.plan(TINY, [{"optim.lr": "fast"}], [0], str(tmp_path))
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])), [0, 1],
+                      str(tmp_path))
+    assert [(r.name, r.seed) for r in runs] == [("manager=supo", 0), ("manager=supo", 1),
+                                                 ("manager=full", 0), ("manager=full", 1)]
+    assert runs[2].cfg.context.manager == "full" and runs[3].cfg.train.seed == 1
+    assert runs[3].cfg.train.run_dir == os.path.join(str(tmp_path), "manager=full", "seed1")
+
+
+def _fake_train(calls):
+    """A stand-in trainer: success = seed/10 (+0.5 for 'full'), three logged steps."""
+    def train(cfg):
+        calls.append(cfg.train.run_dir)
+        os.makedirs(cfg.train.run_dir, exist_ok=True)
+        base = cfg.train.seed / 10 + (0.5 if cfg.context.manager == "full" else 0.0)
+        hist = [{"step": s, "loss": 0.1, "success_rate": base * s / 3} for s in (1, 2, 3)]
+        with open(os.path.join(cfg.train.run_dir, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(h) + "\n" for h in hist)
+        return {"history": hist, "eval": {"success_rate": base, "tool_calls_mean": 2.0},
+                "eval_before": {"success_rate": 0.0}}
+    return train
+
+
+def test_run_collect_report_resume_and_host_shares(tmp_path):
+    out = str(tmp_path)
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])), [0, 2], out)
+    calls = []
+    # two hosts: each runs every other run
+    sweep.run_sweep(runs, host_index=1, host_count=2, train_fn=_fake_train(calls), log=lambda *_: 0)
+    assert calls == [runs[1].run_dir, runs[3].run_dir]
+    rows = sweep.collect(runs)
+    assert rows[0]["seeds"] == [2] and rows[0]["missing_seeds"] == [0]
+    sweep.run_sweep(runs, train_fn=_fake_train(calls), log=lambda *_: 0)
+    assert calls[2:] == [runs[0].run_dir, runs[2].run_dir]   # finished runs are not rerun
+    rep = sweep.report(runs, out)
+    supo, full = rep["rows"]
+    assert supo["success_rate"] == pytest.approx((0.1, 0.1))   # seeds 0, 2 -> 0.0, 0.2
+    assert full["success_rate"] == pytest.approx((0.6, 0.1))
+    assert "0.600 ± 0.100" in rep["markdown"]
+    assert os.path.getsize(rep["plot"]) > 1000
+    steps, mean, std = sweep.curves([r.run_dir for r in runs if r.name == "manager=full"],
+                                    "success_rate")
+    assert list(steps) == [1, 2, 3] and mean[-1] == pytest.approx(0.6)
+
+
+def test_sweep_cli_names_a_bad_grid_key(tmp_path, capsys):
+    rc = main(["sweep", "--config", TINY, "--grid", "context.manger=supo,full",
+               "--out", str(tmp_path)])
+    assert rc == 2
+    assert "context.manger" in capsys.readouterr().err
