@@ -240,3 +240,26 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(recs) == 2 and all(x["counters"]["steps"] >= 1 for x in recs)
+
+
+def test_policy_actor_without_cache_reuse_prefills_everything_and_samples_the_same(fmt):
+    """reuse_cache=False (the rollout benchmark's baseline) re-prefills each whole request."""
+    pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
+    cfg = ContextConfig("supo", 900, max_steps=8, max_summaries=1, max_action_tokens=40,
+                        max_summary_tokens=16)
+    tasks = make_tasks("fncall/tallest", "train", 2, seed=0, size=12)
+    out = {}
+    for reuse in (True, False):
+        actor = PolicyActor(pol, fmt, rows=2, max_len=cfg.row_bound(fmt),
+                            sampling=SamplingParams(0.0), reuse_cache=reuse)
+        rec = _Recorder(actor)
+        ro = run_rollouts(rec, lambda: make_env("fncall/tallest"), tasks, fmt, cfg, rows=2)
+        out[reuse] = ro, actor.prefilled, sum(len(t) - len(l) for t, l in rec.seen)
+    (ro_a, pre_a, req), (ro_b, pre_b, req_b) = out[True], out[False]
+    assert req == req_b and pre_b == req > 2 * pre_a
+    for a, b in zip(ro_a, ro_b):   # same tokens; logprobs equal up to float rounding
+        assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments]
+        assert a.reason == b.reason and a.counters == b.counters
+        for sa, sb in zip(a.segments, b.segments):
+            np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-4)
+    assert sum(r.counters["summaries"] for r in ro_a) > 0

@@ -38,12 +38,17 @@ class Actor(Protocol):
 
 
 class PolicyActor:
-    """A Flax policy behind a Sampler whose rows persist across turns."""
+    """A Flax policy behind a Sampler whose rows persist across turns.
+
+    reuse_cache=False prefills every request from scratch (no prefix reuse): the
+    baseline of benchmarks/rollout.py; it samples the same tokens up to float rounding.
+    """
 
     def __init__(self, policy, fmt: ChatFormat, rows: int, max_len: int,
-                 sampling: SamplingParams = SamplingParams(), seed: int = 0):
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                 reuse_cache: bool = True):
         self.sampler = Sampler(policy, rows, max_len)
-        self.fmt, self.sampling = fmt, sampling
+        self.fmt, self.sampling, self.reuse_cache = fmt, sampling, reuse_cache
         self.rng = jax.random.key(seed)
         self.calls = 0
         self.row_tokens: dict[int, list[int]] = {}
@@ -53,7 +58,7 @@ class PolicyActor:
         appends = {}
         for r in requests:
             held = self.row_tokens.get(r.row, [])
-            n = _common_prefix(held, r.tokens)
+            n = _common_prefix(held, r.tokens) if self.reuse_cache else 0
             if n == len(r.tokens):  # the model must see at least one new token
                 n -= 1
             self.sampler.reset(r.row, n)
