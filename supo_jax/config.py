@@ -230,6 +230,8 @@ def _set(obj, path, value, full):
     hints = typing.get_type_hints(type(obj))
     cur = getattr(obj, name)
     if len(path) == 1:
+        if isinstance(cur, ContextConfig) and isinstance(value, str):
+            return _set(obj, [name, "manager"], value, full)   # --set context=full
         if dataclasses.is_dataclass(cur):
             raise ConfigError(f"config key {full!r} is a section; set one of its fields")
         new = _coerce(full, value, hints[name])

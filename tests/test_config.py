@@ -28,6 +28,10 @@ def test_overrides_are_typed():
     assert cfg.context.working_context == 2048 and cfg.env.knobs == {"size": [4, 8]}
     assert cfg.train.eval_max_summaries == (0, 2, 4) and cfg.loss.eps_high == 0.3
     assert cfg.optim.pack is True and cfg.model.path == "/tmp/x"
+    # the baseline shorthand: a manager name for the whole context section
+    full = apply_overrides(Config(), ["context=full"])
+    assert full.context.manager == "full"
+    assert full.context.working_context == Config().context.working_context
 
 
 @pytest.mark.parametrize("bad,name", [("context.workin_context=3", "context.workin_context"),
@@ -36,6 +40,7 @@ def test_overrides_are_typed():
                                       ("context.manager=xx", "context.manager"),
                                       ("optim.lr=fast", "optim.lr"),
                                       ("context=3", "context"),
+                                      ("context=fulll", "context"),
                                       ("nonsense", "nonsense")])
 def test_bad_overrides_name_the_key(bad, name):
     with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
