@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -191,7 +192,11 @@ def load_tasks(env_name: str, split: str, n: int, seed: int = 0, data_dir: str |
                 shutil.rmtree(str(builder.data_dir))
                 builder = _make_builder(spec, data_dir)
         if not builder.is_prepared():
-            builder.download_and_prepare()
+            # tfds prints its own progress bars and a "downloaded and prepared" banner
+            import tensorflow_datasets as tfds
+            tfds.disable_progress_bar()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                builder.download_and_prepare()
         source = builder.as_data_source(split=split)
     if len(source) != n:
         raise RuntimeError(f"task set {builder.data_dir} holds {len(source)} tasks, expected {n}")
