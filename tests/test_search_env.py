@@ -1,6 +1,7 @@
 """Search suite (BrowseComp-Plus-like): corpus and BM25 index, tools and error observations,
 exact-match reward normalization, the scripted expert under full context and under
 simulated SUPO summarize-and-reset (SUPO.md §2), and the hop-chain probe."""
+from tests.test_envs import full_context as _full_context
 from tests.test_envs import supo as _supo
 import json
 import random
@@ -24,16 +25,7 @@ def tasks(n=4, split="train", seed=0, **knobs):
 
 
 def full_context(task, expert=None, max_steps=100):
-    env, expert = make_env("search"), expert or experts.expert_for("search")
-    ctx = [{"role": "user", "content": env.reset(task).prompt}]
-    for k in range(1, max_steps):
-        a = expert.act(ctx)
-        r = env.act(a)
-        assert "error" not in r.info, r
-        if r.done:
-            return r.reward, k
-        ctx += [{"role": "assistant", "content": a}, {"role": "tool", "content": r.observation}]
-    raise AssertionError("no answer")
+    return _full_context("search", task, expert or experts.expert_for("search"), max_steps)
 
 
 def supo(task, rng, expert=None, **kw):
