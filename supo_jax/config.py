@@ -100,6 +100,9 @@ class SFTSection:
     lr: float = 3e-3
     batch_rows: int = 8
     summary_drop: float = 0.0      # imperfect expert summaries on purpose
+    # share of expert demos played under `full` with a context of W * (S + 1) (no summaries),
+    # so that the warm-started policy can also act in long single-segment contexts
+    full_context_demos: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +264,8 @@ def validate(cfg: Config) -> Config:
                           f"optim.micro={cfg.optim.micro}")
     if cfg.optim.pack and cfg.loss.aggregation == "sequence-mean":
         raise ConfigError("optim.pack=true needs loss.aggregation=token-mean")
+    if not 0 <= cfg.sft.full_context_demos <= 1:
+        raise ConfigError("sft.full_context_demos must be in [0, 1]")
     if cfg.train.eval_samples < 1 or cfg.train.eval_temperature < 0:
         raise ConfigError("train.eval_samples must be >= 1 and train.eval_temperature >= 0")
     if cfg.model.dtype not in ("float32", "bfloat16"):

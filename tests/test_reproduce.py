@@ -17,6 +17,7 @@ def test_reproduce_cpu_quick(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     with open(os.path.join(out, "results.json")) as f:
         res = json.load(f)
+    assert res["sft"]["sft_full_context_demos"] == 1   # a third of the 4 demos: whole history
     names = [m["name"] for m in res["methods"]]
     assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4"]
     for m in res["methods"]:

@@ -316,26 +316,36 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
     from supo_jax.rl.sft import expert_segments, jsonl_segments, sft_train
 
     s = cfg.sft
+    max_len = row_len(cfg, fmt)
     if s.demos == "expert":
         tasks = make_tasks(cfg.env.name, "train", s.num_demos, seed=20_000 + cfg.env.seed,
                            **cfg.env.knobs)
-        segs, ro = expert_segments(fmt, cfg.env.name, tasks, cfg.context,
+        n_full = int(round(s.full_context_demos * len(tasks)))
+        segs, ro = expert_segments(fmt, cfg.env.name, tasks[n_full:], cfg.context,
                                    summary_drop=s.summary_drop, seed=cfg.train.seed)
+        if n_full:   # single-segment demonstrations in a context that holds the whole history
+            c = cfg.context
+            full = dataclasses.replace(c, manager="full",
+                                       working_context=c.working_context * (c.max_summaries + 1))
+            fsegs, fro = expert_segments(fmt, cfg.env.name, tasks[:n_full], full)
+            segs, ro = segs + fsegs, ro + fro
+            max_len = max(max_len, full.row_bound(fmt))
         demo_success = summarize(ro)["success_rate"]
+        report = {"sft_full_context_demos": n_full}
         if not segs:
             raise ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks "
                              f"under this context config (reasons: {summarize(ro)['reasons']}); "
                              "raise context.max_steps / max_summaries / working_context")
     else:
-        segs, demo_success = jsonl_segments(fmt, s.demos), float("nan")
+        segs, demo_success, report = jsonl_segments(fmt, s.demos), float("nan"), {}
     bar = _bar(s.steps, "sft", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
-                     max_len=row_len(cfg, fmt), seed=cfg.train.seed,
+                     max_len=max_len, seed=cfg.train.seed,
                      progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
                      if bar else None)
     if bar:
         bar.close()
-    return {"sft_segments": len(segs), "sft_demo_success": demo_success,
+    return {"sft_segments": len(segs), "sft_demo_success": demo_success, **report,
             "sft_loss_first": hist[0]["loss"], "sft_loss_last": hist[-1]["loss"]}
 
 
