@@ -16,27 +16,21 @@ or, when that is unavailable or with --model synthetic, a random ~100M
 llama-architecture model.
 
     python benchmarks/sampler.py                      # print the table
-    python benchmarks/sampler.py --write              # ... and rewrite BENCHMARKS.md
+    python benchmarks/sampler.py --write              # ... save results/sampler.json and
+                                                      # rewrite BENCHMARKS.md (run_all.py)
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
+import common  # noqa: E402  (sets the environment, puts the repository on sys.path)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 import supo_jax  # noqa: E402
 from supo_jax.model.config import ModelConfig  # noqa: E402
@@ -150,61 +144,19 @@ def fmt_stats(batch, new_tokens, first, warm):
             "tps": tps, "tps_lo": lo, "tps_hi": hi}
 
 
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def profile_decode(policy, prompt, batch, new_tokens, max_len, top=15):
     """Print the XLA ops that take the time in one warm supo_jax generation call (jax.profiler)."""
-    import collections
-    import glob
-    import gzip
-    import json
-
     supo_generate(policy, prompt, batch, new_tokens, max_len)  # compiled
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d, create_perfetto_trace=True):
-            supo_generate(policy, prompt, batch, new_tokens, max_len)
-        (fn,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
-        with gzip.open(fn) as f:
-            trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    total, count = collections.Counter(), collections.Counter()
-    for e in events:
-        name = e.get("name", "")
-        if e.get("ph") == "X" and "dur" in e and not name.startswith(
-                ("$", "ThunkExecutor", "PjitFunction", "CommonPjRt", "np.asarray", "SlinkyThreadPool")):
-            total[name] += e["dur"]
-            count[name] += 1
+    total, count = common.op_profile(lambda: supo_generate(policy, prompt, batch, new_tokens, max_len))
     print(f"batch {batch}: XLA op time per new token (prefill included; summed over threads), "
           f"top {top} ops:")
     for name, us in total.most_common(top):
         print(f"  {us / new_tokens / 1e3:8.2f} ms  {count[name] / new_tokens:5.1f} calls  {name}")
 
 
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import flax
+def torch_info() -> dict:
     import torch
-    import transformers
-    return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-            "python": platform.python_version(), "jax": jax.__version__,
-            "jaxlib": getattr(jax.lib, "__version__", None) or jax.__version__,
-            "flax": flax.__version__, "transformers": transformers.__version__,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "jax_devices": ", ".join(str(d) for d in jax.devices())}
+    return {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
 def table(rows) -> str:
@@ -222,43 +174,25 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(fn, info, model_name, args, rows, command, wall):
-    md = f"""# Benchmarks
-
-## Sampler decode throughput (supo_jax vs transformers)
-
-Written by `benchmarks/sampler.py --write`; rerun it to refresh this file.
-
-Greedy decoding, float32, CPU, {args.new_tokens} new tokens per row (no stop tokens;
-transformers with `min_new_tokens={args.new_tokens}`), the same {args.prompt_len}-token prompt in
+def markdown(res: dict) -> str:
+    """The BENCHMARKS.md section body (run_all.py adds the machine, versions, date, command)."""
+    c = res["config"]
+    return f"""Greedy decoding, float32, CPU, {c['new_tokens']} new tokens per row (no stop tokens;
+transformers with `min_new_tokens={c['new_tokens']}`), the same {c['prompt_len']}-token prompt in
 every row. One measurement = one whole generation call (KV-cache allocation + prefill + decode
 + tokens back on the host). The first call per batch size is reported on its own (supo_jax:
-includes XLA compilation; transformers: warm-up); then {args.repeats} warm calls each, alternating
+includes XLA compilation; transformers: warm-up); then {c['repeats']} warm calls each, alternating
 between the two so that load from other processes hits both alike, give the median and
-the min-max range of tokens/s = batch x {args.new_tokens} / seconds. "prefill / decode" splits
+the min-max range of tokens/s = batch x {c['new_tokens']} / seconds. "prefill / decode" splits
 supo_jax's median call into prefill seconds and decode milliseconds per step. "same greedy
 tokens" is the fraction of generated tokens identical between the two (float32 rounding can
-flip a near-tie and make a row diverge from there on).
+flip a near-tie and make a row diverge from there on). torch {res['torch']['torch']}, torch threads:
+{res['torch']['torch_threads']}.
 
-**Machine**: {info['nproc']} CPU cores (`nproc`), {info['cpu']} (`/proc/cpuinfo`);
-{info['platform']}; Python {info['python']}; torch threads: {info['torch_threads']};
-JAX devices: {info['jax_devices']}; load average (1/5/15 min): {info['load']}.
+**Model**: {c['model']}.
 
-**Versions**: jax {info['jax']}, flax {info['flax']}, transformers {info['transformers']},
-torch {info['torch']}.
-
-**Date**: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} (whole run: {wall:.0f} s)
-
-**Model**: {model_name}.
-
-**Command**:
-
-    {command}
-
-{table(rows)}
+{table(res['results']['rows'])}
 """
-    with open(fn, "w") as f:
-        f.write(md)
 
 
 def main(argv=None):
@@ -271,13 +205,12 @@ def main(argv=None):
     ap.add_argument("--skip-hf", action="store_true", help="time supo_jax only")
     ap.add_argument("--profile", action="store_true",
                     help="also print the top XLA ops of one supo_jax call per batch size (jax.profiler)")
-    ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md")
-    ap.add_argument("--out", default=os.path.join(REPO, "BENCHMARKS.md"))
+    ap.add_argument("--write", action="store_true",
+                    help="write benchmarks/results/sampler.json and rewrite BENCHMARKS.md (run_all.py)")
+    ap.add_argument("--out-dir", default=common.RESULTS, help="where sampler.json is written")
     args = ap.parse_args(argv)
-    start, load_start = time.perf_counter(), loadavg()
-    if load_start != "n/a" and float(load_start.split()[0]) > 0.5:
-        print(f"warning: load average {load_start} at start: other processes will distort "
-              "the timings", file=sys.stderr)
+    args.smoke = False
+    run = common.Run("sampler", args, argv)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as export_dir:
         model_name, policy, hf = load_models(args.model, export_dir)
@@ -319,15 +252,15 @@ def main(argv=None):
         rows.append(row)
     if args.skip_hf:
         return
-    wall = time.perf_counter() - start
     print()
     print(table(rows))
     if args.write:
-        cmd = "python benchmarks/sampler.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        info = machine_info()
-        info["load"] = f"{load_start} at start, {loadavg()} at end"
-        write_markdown(args.out, info, model_name, args, rows, cmd.strip(), wall)
-        print(f"\nwrote {args.out}")
+        config = {"model": model_name, "batches": batches, "new_tokens": args.new_tokens,
+                  "prompt_len": args.prompt_len, "repeats": args.repeats}
+        run.write({"rows": rows}, config=config, torch=torch_info())
+        if os.path.abspath(args.out_dir) == common.RESULTS:
+            import run_all
+            run_all.assemble()
 
 
 if __name__ == "__main__":
