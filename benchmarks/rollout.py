@@ -1,0 +1,181 @@
+"""Multi-turn rollouts: the KV cache kept across turns vs the whole context re-prefilled.
+
+The same tasks, the same random tiny policy (qwen2 family, float32; default hidden 256,
+4 layers) and greedy decoding, run twice through supo_jax.agent.rollout.run_rollouts:
+
+  kept        PolicyActor (the default): each row keeps its cache and prefills only the
+              tokens after the longest common prefix of what it holds and the new request
+              (within a segment: the last action's observation; after a summary: the
+              continuation turn after the cached initial prompt);
+  re-prefill  PolicyActor(reuse_cache=False): every turn resets the row and prefills the
+              whole request.
+
+Environment: fncall/tallest under the supo context manager (the default run's context
+settings: 48-token actions and summaries, short summary instruction) at a working
+context W where several turns happen per segment. A random policy's actions are not
+valid tool calls, so each turn gets an error observation and a rollout runs until
+max_steps or max_summaries: every rollout is long and multi-turn. One measurement =
+one whole run_rollouts call (env steps and bookkeeping included, the same in both);
+generated tokens/s = sampled tokens (actions and summaries) / seconds. The first run of
+each variant compiles and is reported apart; then --repeats rounds alternate the two
+variants, and the speedup is taken per round (kept / re-prefill tokens/s). Both
+variants must sample identical tokens ("identical rollouts": every segment's token ids
+equal; float rounding of a different prefill split could flip a near-tie).
+
+    python benchmarks/rollout.py            # writes benchmarks/results/rollout.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import common
+
+ENV = "fncall/tallest"
+TARGET = 2.0
+
+
+def _tokens(rollouts):
+    return [([s.tokens for s in r.segments], [d.tokens for d in r.dropped], r.reason)
+            for r in rollouts]
+
+
+def main(argv=None):
+    ap = common.parser(__doc__)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tasks", type=int, default=8, help="rollouts (one per task), all in one batch")
+    ap.add_argument("--size", type=int, default=24, help="people per tallest task")
+    ap.add_argument("--working-context", type=int, default=1024, help="W (tokens)")
+    ap.add_argument("--max-steps", type=int, default=24)
+    ap.add_argument("--max-summaries", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.layers, args.tasks, args.max_steps = 32, 1, 2, 4
+        args.working_context, args.max_summaries = 400, 1
+    repeats = args.repeats or (1 if args.smoke else 3)
+    run = common.Run("rollout", args, argv)
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import PolicyActor, run_rollouts
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.sampling.sampler import SamplingParams
+
+    policy, cfg = common.tiny_policy(args.hidden, args.layers, smoke=args.smoke)
+    fmt = ChatFormat(policy.tokenizer)
+    ctx = dataclasses.replace(cfg.context, working_context=args.working_context,
+                              max_steps=args.max_steps, max_summaries=args.max_summaries)
+    tasks = make_tasks(ENV, "train", args.tasks, seed=0, size=args.size)
+    max_len = ctx.row_bound(fmt)
+    mc = policy.config
+    print(f"policy: {mc.num_params / 1e6:.2f}M parameters (hidden {mc.hidden_size}, "
+          f"{mc.num_layers} layers); {ENV} size {args.size}, {args.tasks} rollouts, "
+          f"W={ctx.working_context} (L={ctx.trigger}), cache {max_len} slots per row", flush=True)
+
+    def once(reuse):
+        actor = PolicyActor(policy, fmt, rows=args.tasks, max_len=max_len,
+                            sampling=SamplingParams(temperature=0.0), reuse_cache=reuse)
+        t0 = time.perf_counter()
+        ro = run_rollouts(actor, lambda: make_env(ENV), tasks, fmt, ctx, rows=args.tasks)
+        dt = time.perf_counter() - t0
+        gen = sum(r.counters["generated_tokens"] for r in ro)
+        return {"s": dt, "generated": gen, "prefilled": actor.prefilled, "calls": actor.calls,
+                "rollouts": ro}
+
+    names = {True: "kept", False: "reprefill"}
+    first = {names[k]: once(k) for k in (True, False)}
+    timed = {n: [] for n in names.values()}
+    for i in range(repeats):
+        for k in (True, False):
+            r = once(k)
+            timed[names[k]].append(r)
+            print(f"round {i + 1}: {names[k]:9s} {r['s']:.2f} s, {r['generated']} tokens "
+                  f"-> {r['generated'] / r['s']:.1f} tokens/s", flush=True)
+
+    ref = _tokens(first["kept"]["rollouts"])
+    runs = [first["reprefill"]] + timed["kept"] + timed["reprefill"]
+    same = [_tokens(r["rollouts"]) == ref for r in runs]
+    rows_same = sum(a == b for a, b in zip(_tokens(first["reprefill"]["rollouts"]), ref))
+    variants = {}
+    for n, rs in timed.items():
+        last = rs[-1]
+        variants[n] = {
+            "first_run_s": first[n]["s"],
+            "seconds": common.stats(r["s"] for r in rs),
+            "tokens_per_s": common.stats(r["generated"] / r["s"] for r in rs),
+            "generated_tokens": last["generated"], "prefilled_tokens": last["prefilled"],
+            "prefill_per_generated": last["prefilled"] / max(1, last["generated"]),
+            "actor_calls": last["calls"]}
+    ratios = [k["generated"] / k["s"] / (p["generated"] / p["s"])
+              for k, p in zip(timed["kept"], timed["reprefill"])]
+    speedup = common.stats(ratios)
+    ro = first["kept"]["rollouts"]
+    n = len(ro)
+    results = {
+        "variants": variants,
+        "speedup": speedup,
+        "identical_rollouts": all(same),
+        "identical_rollouts_share": rows_same / max(1, n),
+        "rollout_shape": {
+            "steps_mean": sum(r.counters["steps"] for r in ro) / n,
+            "summaries_mean": sum(r.counters["summaries"] for r in ro) / n,
+            "segments_mean": sum(r.counters["segments"] for r in ro) / n,
+            "turns_per_segment": sum(r.counters["steps"] for r in ro)
+            / max(1, sum(r.counters["segments"] for r in ro)),
+            "max_context": max(r.counters["max_context"] for r in ro),
+            "reasons": sorted({r.reason for r in ro})},
+        "targets": [{"what": "multi-turn rollout tokens/s, KV cache kept vs re-prefilled",
+                     "target": f">= {TARGET:g}x",
+                     "measured": f"{speedup['median']:.2f}x", "met": speedup["median"] >= TARGET}],
+    }
+    config = {"env": ENV, "size": args.size, "rollouts": args.tasks, "rows": args.tasks,
+              "working_context": ctx.working_context, "trigger": ctx.trigger,
+              "max_steps": ctx.max_steps, "max_summaries": ctx.max_summaries,
+              "max_action_tokens": ctx.max_action_tokens,
+              "max_summary_tokens": ctx.max_summary_tokens, "cache_slots_per_row": max_len,
+              "sampling": "greedy", "repeats": repeats,
+              "model": {"params": mc.num_params, "hidden": mc.hidden_size,
+                        "layers": mc.num_layers, "heads": mc.num_heads,
+                        "kv_heads": mc.num_kv_heads, "mlp": mc.intermediate_size,
+                        "vocab": mc.vocab_size, "dtype": "float32"}}
+    print(f"speedup (kept / re-prefill tokens/s): median {results['speedup']['median']:.2f}x "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f}); prefill per generated token: "
+          f"{variants['kept']['prefill_per_generated']:.2f} kept vs "
+          f"{variants['reprefill']['prefill_per_generated']:.2f} re-prefill; identical "
+          f"rollouts: {results['identical_rollouts']}")
+    run.write(results, config=config)
+
+
+def markdown(res: dict) -> str:
+    c, r = res["config"], res["results"]
+    m, sh = c["model"], r["rollout_shape"]
+    k, p = r["variants"]["kept"], r["variants"]["reprefill"]
+    sp = r["speedup"]
+
+    def tps(v):
+        s = v["tokens_per_s"]
+        return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+
+    return f"""Policy: random tiny qwen2 ({m['params'] / 1e6:.2f}M parameters: hidden {m['hidden']},
+{m['layers']} layers, {m['heads']} heads / {m['kv_heads']} kv heads, MLP {m['mlp']}, vocab {m['vocab']}),
+float32, greedy. Env: `{c['env']}` size {c['size']}, {c['rollouts']} rollouts in one batch of
+{c['rows']} rows; supo context W = {c['working_context']} (L = {c['trigger']}), at most
+{c['max_steps']} steps and {c['max_summaries']} summaries, {c['max_action_tokens']}-token actions and
+{c['max_summary_tokens']}-token summaries; {c['cache_slots_per_row']} cache slots per row. The rollouts
+took {sh['steps_mean']:.1f} steps and {sh['summaries_mean']:.1f} summaries on average
+({sh['turns_per_segment']:.1f} turns per segment; longest context {sh['max_context']} tokens; ended by
+{', '.join(sh['reasons'])}). Median (min-max) of {sp['n']} alternating rounds after one compiling run each.
+
+| variant | first run (s) | generated tokens/s | generated tokens | prefilled tokens | prefill tokens per generated token |
+|---|---|---|---|---|---|
+| KV cache kept across turns | {k['first_run_s']:.1f} | {tps(k)} | {k['generated_tokens']} | {k['prefilled_tokens']} | {k['prefill_per_generated']:.2f} |
+| whole context re-prefilled | {p['first_run_s']:.1f} | {tps(p)} | {p['generated_tokens']} | {p['prefilled_tokens']} | {p['prefill_per_generated']:.2f} |
+
+Speedup (kept / re-prefilled, per round): **{sp['median']:.2f}x** ({sp['min']:.2f}-{sp['max']:.2f}x);
+identical rollouts (every segment's token ids): **{'yes' if r['identical_rollouts'] else 'no'}**
+({r['identical_rollouts_share'] * 100:.0f}% of rollouts identical in the first runs).
+"""
+
+
+if __name__ == "__main__":
+    main()
