@@ -25,7 +25,8 @@ CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # no SFT; unmasked rows with an entropy bonus, so that the loss is non-zero and every
 # update changes the parameters; short rollouts (8 turns, 2 summaries) and one eval task
 SETS = ["train.steps=2", "train.sft_warm_start=false", "advantage.masked_reasons=[]",
-        "loss.entropy_coef=0.05", "context.max_steps=8", "env.eval_tasks=1"]
+        "loss.entropy_coef=0.05", "context.max_steps=8", "env.eval_tasks=1",
+        "train.eval_before=false"]
 N = 2
 
 

@@ -35,6 +35,7 @@ def config() -> Config:
         advantage=AdvantageConfig(masked_reasons=()),
         loss=LossConfig(entropy_coef=0.01),
         optim=OptimSection(lr=1e-5, minibatch_rows=4, pack=True),
-        train=TrainSection(steps=2, save_every=2, keep=1, eval_every=0, sft_warm_start=False,
-                           run_dir="runs/smollm2_cpu_smoke", progress=False),
+        train=TrainSection(steps=2, save_every=2, keep=1, eval_every=0, eval_before=False,
+                           sft_warm_start=False, run_dir="runs/smollm2_cpu_smoke",
+                           progress=False),
     )
