@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     import platform
     meta = {"command": "python experiments/reproduce_cpu.py " + " ".join(argv or sys.argv[1:]),
             "seeds": seeds, "minutes": (time.time() - t0) / 60,
-            "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
+            "machine": f"{os.cpu_count()} CPU cores, {_cpu_model() or platform.machine()}",
             "eval": (f"{base.env.eval_tasks} tasks x {base.train.eval_samples} samples at "
                      f"temperature {base.train.eval_temperature}" if base.train.eval_temperature > 0
                      else f"{base.env.eval_tasks} tasks, greedy"),
@@ -173,6 +173,14 @@ def main(argv=None) -> int:
                    "test_time_scaling": scaling, "runs": results}, f, indent=2, default=str)
     print(md)
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def _plot_scaling(scaling, S, path):
