@@ -78,6 +78,17 @@ def stats(xs) -> dict:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
 
 
+def mem_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size so far (ru_maxrss is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -134,7 +145,7 @@ def op_profile(fn) -> tuple[collections.Counter, collections.Counter]:
 
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
-            fn()
+            fn()   # (time it inside fn: starting and stopping the trace take seconds)
         (fn_,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
         with gzip.open(fn_) as f:
             trace = json.load(f)
