@@ -1,0 +1,106 @@
+"""Each benchmark script runs at its --smoke size and writes the JSON run_all.py assembles.
+
+Not a timing test: the figures of a smoke run mean nothing; only the fields are checked.
+The three scripts run side by side (separate processes) to keep the test short.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "benchmarks")
+NAMES = ("rollout", "horizon", "train_step")
+
+
+def _stats(d):
+    assert set(d) >= {"min", "median", "max"} and d["min"] <= d["median"] <= d["max"], d
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ)   # one host device unless a script asks for more (train_step does)
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                              env.get("XLA_FLAGS", ""))
+    procs = {n: subprocess.Popen([sys.executable, os.path.join(BENCH, f"{n}.py"), "--smoke",
+                                  "--out-dir", str(out)], env=env, cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for n in NAMES}
+    for n, p in procs.items():
+        log, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, f"{n}.py --smoke failed:\n{log[-3000:]}"
+    return out, {n: json.loads((out / f"{n}.json").read_text()) for n in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_common_fields(results, name):
+    res = results[1][name]
+    assert res["name"] == name and res["smoke"] is True
+    assert res["command"] == f"python benchmarks/{name}.py --smoke"
+    assert res["machine"]["nproc"] >= 1 and res["machine"]["cpu"]
+    assert all(res["versions"][k] for k in ("jax", "flax", "transformers"))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", res["date"])
+    assert res["peak_rss_mb"] > 50 and res["wall_s"] > 0
+    for t in res["results"]["targets"]:
+        assert set(t) == {"what", "target", "measured", "met"}
+
+
+def test_rollout_fields(results):
+    r = results[1]["rollout"]["results"]
+    for v in ("kept", "reprefill"):
+        x = r["variants"][v]
+        _stats(x["tokens_per_s"])
+        assert x["generated_tokens"] > 0 and x["prefill_per_generated"] > 0
+    _stats(r["speedup"])
+    assert r["identical_rollouts"] is True
+    # the kept cache prefills less than re-prefilling every whole request
+    assert r["variants"]["kept"]["prefilled_tokens"] < r["variants"]["reprefill"]["prefilled_tokens"]
+
+
+def test_horizon_fields(results):
+    res = results[1]["horizon"]
+    r, hs = res["results"], res["config"]["horizons"]
+    for m in ("supo", "full"):
+        assert [x["horizon"] for x in r["managers"][m]] == hs
+        for x in r["managers"][m]:
+            _stats(x["s_per_token"])
+            assert x["kv_cache_bytes"] > 0 and x["longest_context"] > 0
+        assert set(r["ratio_8h_vs_h"][m]) == {"s_per_token", "kv_cache_bytes", "longest_context"}
+    assert r["ratio_8h_vs_h"]["supo"]["kv_cache_bytes"] == 1.0   # fixed by W
+
+
+def test_train_step_fields(results):
+    r = results[1]["train_step"]["results"]
+    assert set(r["runs"]) == {"1x1x1", "2x2x2", "1x8x1"}   # run, run, compiled only
+    for label, x in r["runs"].items():
+        assert x["jax_devices"] == x["devices"] == (1 if label == "1x1x1" else 8)
+        assert x["xla_bytes_all_devices"] > 0 and x["peak_rss_mb"] > 50
+        if label == "1x8x1":
+            assert "compiled only" in x["skipped"]
+            continue
+        _stats(x["step_s"])
+        _stats(x["matmul_flops_per_s"])
+        _stats(x["fraction_of_peak_per_step"])
+        assert x["fraction_of_peak"] > 0 and x["tokens_per_s"]["median"] > 0
+    assert r["runs"]["2x2x2"]["speed_vs_1_device"] > 0
+    assert r["runs"]["2x2x2"]["collectives"]["all-reduce"] > 0
+    assert r["flops_per_step"]["total"] > r["flops_per_step"]["dense"] > 0
+    top = r["runs"]["1x1x1"]["profile"]["top_ops"]
+    assert top and any(o["kind"].startswith("matmul") for o in top)
+
+
+def test_run_all_assembles_benchmarks_md(results, tmp_path):
+    out_dir = results[0]
+    md = tmp_path / "BENCHMARKS.md"
+    subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--assemble",
+                    "--results-dir", str(out_dir), "--out", str(md)], check=True, cwd=REPO,
+                   capture_output=True)
+    text = md.read_text()
+    for title in ("## Targets", "## Multi-turn rollout", "## Horizon scaling", "## Train step",
+                  "## Peak host memory", "## Sampler decode throughput"):
+        assert title in text
+    assert text.count("python benchmarks/") >= 4 and "(--smoke run" in text
