@@ -93,6 +93,16 @@ def collectives(hlo: str) -> dict:
                       "collective-permute")}
 
 
+def dot_rows(hlo: str, tokens: int, devices: int) -> dict:
+    """How many dot instructions of a (per-device) compiled step have a dimension equal to
+    the whole batch's tokens vs the tokens of one device's share of the batch: on a mesh
+    that splits the batch, the second (unless the first equals it on one device)."""
+    shapes = [tuple(int(d) for d in m.group(1).split(",") if d)
+              for m in re.finditer(r"= f32\[([\d,]*)\]\S* dot\(", hlo)]
+    return {"dots": len(shapes), "with_all_tokens": sum(tokens in sh for sh in shapes),
+            "with_tokens_per_device": sum(tokens // devices in sh for sh in shapes)}
+
+
 def _short_source(op_name: str) -> str:
     """'jit(train_step)/while/body/closed_call/transpose(jvp())/.../dot_general' ->
     'backward: dot_general' (the scan / call nesting dropped)."""
@@ -195,6 +205,7 @@ def one_mesh(args, label: str, compile_only: bool) -> dict:
     out["compile_s"] = time.perf_counter() - t0
     hlo = compiled.as_text()
     out["collectives"] = collectives(hlo)
+    out["dot_rows"] = dot_rows(hlo, args.rows * args.seq, n)
     ma = compiled.memory_analysis()
     per = {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0)
            for k in ("temp", "argument", "output", "alias")}
@@ -345,10 +356,15 @@ def main(argv=None):
     results = {"flops_per_step": fl, "tokens_per_step": tokens, "runs": runs, "targets": []}
     one = runs.get("1x1x1")
     if one and "skipped" not in one:
-        frac = one["fraction_of_peak"]
-        results["targets"].append({"what": "train step achieved FLOP/s (1 device) / matmul peak",
-                                   "target": f">= {TARGET * 100:.0f}%",
-                                   "measured": f"{frac * 100:.0f}%", "met": frac >= TARGET})
+        frac, per = one["fraction_of_peak"], one["fraction_of_peak_per_step"]
+        met = frac >= TARGET
+        results["targets"].append({
+            "what": "train step achieved FLOP/s (1 device) / matmul peak",
+            "target": f">= {TARGET * 100:.0f}%",
+            "measured": f"{frac * 100:.0f}% (steps: {per['min'] * 100:.0f}-{per['max'] * 100:.0f}%)",
+            "met": met and per["min"] >= TARGET,
+            **({"note": "the median meets it, single steps do not"}
+               if met and per["min"] < TARGET else {})})
         for label, r in runs.items():
             if label != "1x1x1" and "skipped" not in r:
                 r["speed_vs_1_device"] = one["step_s"]["median"] / r["step_s"]["median"]
@@ -371,7 +387,8 @@ def limits(res: dict) -> str:
     """What keeps the 1-device step below the target, from the profile (empty when met)."""
     r = res["results"]
     one = r["runs"].get("1x1x1", {})
-    if not one or "skipped" in one or one["fraction_of_peak"] >= TARGET or "profile" not in one:
+    if (not one or "skipped" in one or "profile" not in one
+            or one["fraction_of_peak_per_step"]["min"] >= TARGET):
         return ""
     prof, fl, peak = one["profile"], r["flops_per_step"]["total"], one["matmul_peak_flops_per_s"]
     kinds, wall = prof["by_kind"], prof["wall_s"]
@@ -380,30 +397,62 @@ def limits(res: dict) -> str:
     in_mm = fl / (mm * wall)
     cap = (fl / peak) / (fl / peak + rest * wall)
     frac = one["fraction_of_peak"]
+    c = res["config"]
+    m = c["model"]
     copies = [o for o in prof["top_ops"] if o["kind"] == "copy / transpose"]
     big_copies = ", ".join(f"`{o.get('shape', '')}` ({o.get('source', '')}, {o['share'] * 100:.0f}%)"
                            for o in copies[:2])
-    return (f"- **train_step** reaches {frac * 100:.0f}% of the matmul peak, {(TARGET - frac) * 100:.0f} "
-            f"points short of {TARGET * 100:.0f}% ({frac / TARGET:.2f}x the target). The profile of a "
+    per = one["fraction_of_peak_per_step"]
+    verdict = (f"{(TARGET - frac) * 100:.0f} points short of {TARGET * 100:.0f}% ({frac / TARGET:.2f}x "
+               "the target)" if frac < TARGET else
+               f"at the target only by the median: single steps range {per['min'] * 100:.0f}-"
+               f"{per['max'] * 100:.0f}%, so it has no margin")
+    return (f"- **train_step** reaches {frac * 100:.0f}% of the matmul peak, {verdict}. The profile of a "
             f"1-device step ({wall:.1f} s; its ops run one after another, each on every core, so op "
             f"time shares are wall-time shares) splits it into matmul fusions, {mm * 100:.0f}%, and "
             f"memory-bound work, {rest * 100:.0f}%: "
             + ", ".join(f"{k} {v * 100:.0f}%" for k, v in kinds.items() if k != "matmul (dot fusions)")
             + f". (1) The matmuls themselves run at {in_mm / 1e9:.0f} GFLOP/s, {in_mm / peak * 100:.0f}% "
-            f"of the square {res['config']['matmul_n']}^2 peak: the step's dots are skinnier (k/v "
-            f"projections with {res['config']['model']['kv_heads'] * res['config']['model']['hidden'] // res['config']['model']['heads']} "
-            "outputs, per-head attention matmuls contracting over the 64-wide head dim) and XLA "
-            "fuses some with reductions (the LM head with log-softmax's max). (2) Even with every "
+            f"of the square {c['matmul_n']}^2 peak: the step's dots are skinnier (k/v projections "
+            f"with {m['kv_heads'] * m['hidden'] // m['heads']} outputs, per-head attention matmuls "
+            f"contracting over the {m['hidden'] // m['heads']}-wide head dim) and XLA fuses some with "
+            "reductions (the LM head with log-softmax's max). (2) Even with every "
             f"matmul at peak, the non-matmul time would cap the step at {cap * 100:.0f}% of peak. The "
             "largest single non-matmul ops are the backward's materialized transposes"
             + (f" ({big_copies})" if big_copies else "")
-            + "; then the softmaxes over the 512 x 512 attention scores, SiLU and RMS norms, the "
-            "loss's log-softmax plus the per-token entropy over the 32000-token vocab (computed even "
-            "when only reported), and the layer scan's dynamic slices and the embedding's "
-            "scatter-add gradient. Closing the gap needs both: fewer transposes/elementwise passes "
-            "(e.g. skipping the reported-only entropy) and better "
-            "matmul shapes; on 2 CPU cores the step is compute-bound, not input- or host-bound "
+            + f"; then the softmaxes over the {c['seq']} x {c['seq']} attention scores, SiLU and RMS "
+            f"norms, the loss's log-softmax plus the per-token entropy over the {m['vocab']}-token "
+            "vocab (computed even when only reported), and the layer scan's dynamic slices and the "
+            "embedding's scatter-add gradient. Closing the gap needs both: fewer transposes and "
+            "elementwise passes (e.g. skipping the reported-only entropy) and better matmul "
+            f"shapes; on {res['machine']['nproc']} CPU cores the step is compute-bound, not host-bound "
             "(host overhead: the 'other' share).\n")
+
+
+def _mesh_notes(r: dict, cores: int) -> list[str]:
+    """What the sharded runs show, from their figures (no text when a figure is missing)."""
+    one, out = r["runs"].get("1x1x1"), []
+    if not one or "skipped" in one:
+        return out
+    for label, x in r["runs"].items():
+        if label == "1x1x1" or "xla_bytes_all_devices" not in x:
+            continue
+        dr = x.get("dot_rows", {})
+        split = (f"; of its {dr['dots']} dots, {dr['with_tokens_per_device']} have a dimension of "
+                 f"one device's share of the tokens ({r['tokens_per_step'] // x['devices']}) and "
+                 f"{dr['with_all_tokens']} one of the whole batch's ({r['tokens_per_step']})"
+                 if dr.get("dots") else "")
+        mem = (f"its buffers take {_gib(x['xla_bytes_all_devices'])} GiB over {x['devices']} devices, "
+               f"{x['xla_bytes_all_devices'] / one['xla_bytes_all_devices']:.1f}x the 1-device "
+               f"step's {_gib(one['xla_bytes_all_devices'])} GiB")
+        if "skipped" in x:
+            out.append(f"- Mesh {label}: {x['skipped']}; {mem}{split}.")
+        else:
+            out.append(f"- Mesh {label}: {x['speed_vs_1_device']:.2f}x the 1-device speed (the "
+                       f"{x['devices']} simulated devices share the same {cores} cores, so "
+                       f"sharding adds no compute, only collectives and per-device copies); {mem}"
+                       f"{split}.")
+    return [""] + out if out else out
 
 
 def _gib(b):
@@ -459,6 +508,7 @@ outputs - aliased) per device x devices.
         f"{label}: " + ", ".join(f"{k} {v}" for k, v in x["collectives"].items() if v)
         for label, x in r["runs"].items() if x.get("collectives") and any(x["collectives"].values()))
         + "."]
+    lines += _mesh_notes(r, res["machine"]["nproc"])
     return "\n".join(lines) + "\n"
 
 
