@@ -32,19 +32,22 @@ from supo_jax.model.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Keys/values [L, B, S, K, D] and the number of valid tokens per row [B]."""
+    """Keys/values [L, B, K, S, D] and the number of valid tokens per row [B].
+
+    Each (row, kv head) holds its keys as one contiguous [S, D] block: attention
+    multiplies the cache as stored, with no per-step transpose of the whole cache."""
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def batch(self) -> int:
@@ -84,17 +87,16 @@ def apply_rope(x, positions, inv_freq):
 
 
 def attention(q, k, v, mask):
-    """Grouped-query attention. q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] -> [B,T,H,D].
+    """Grouped-query attention. q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> [B,T,H,D].
 
     The G = H/K query heads of each key/value head are folded into the rows of one
     [G*T, D] x [D, S] matmul per (batch, kv head): plain batched matmuls, which XLA's
     CPU backend runs ~1.6x faster than the equivalent 5-d einsum.
     """
     b, t, h, d = q.shape
-    kh = k.shape[2]
+    kh = k.shape[1]
     g = h // kh
     q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [B, K, S, D]
     scores = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kh, g, t, -1) * (1.0 / math.sqrt(d))
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
@@ -148,6 +150,11 @@ class Decoder(nnx.Module):
         self.lm_head = (None if cfg.tie_embeddings else
                         nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (E, V), param_dtype)))
 
+    def _stacked(self) -> dict:
+        """Every layer parameter, stacked [L, ...] (None where the family has none)."""
+        return {n: (p[...] if p is not None else None)
+                for n, p in ((n, getattr(self.layers, n)) for n in LAYER_PARAMS)}
+
     def __call__(self, tokens, positions, *, segment_ids=None, cache: KVCache | None = None,
                  attend_len: int | None = None):
         """tokens, positions [B, T] int32 -> (logits [B, T, V] float32, cache or None).
@@ -169,9 +176,10 @@ class Decoder(nnx.Module):
             s = attend_len or cache.max_len
             mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]
             cache_kv = (cache.k, cache.v)
-        rows = jnp.arange(b)[:, None]
-        weights = {n: getattr(self.layers, n) for n in LAYER_PARAMS}
-        weights = {n: (p[...] if p is not None else None) for n, p in weights.items()}
+        # cache write indices [B, K, T]: row b, kv head h, slot positions[b, t]
+        rows = jnp.arange(b)[:, None, None]
+        heads = jnp.arange(cfg.num_kv_heads)[None, :, None]
+        slots = positions[:, None, :]
 
         def block(carry, lw):
             x, kv, i = carry
@@ -187,13 +195,14 @@ class Decoder(nnx.Module):
                 q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps)
                 k = rms_norm(k, lw["k_norm"], cfg.rms_norm_eps)
             q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)      # [B, K, T, D]
             if kv is not None:
                 ck, cv = kv
-                ck = ck.at[i, rows, positions].set(k.astype(ck.dtype), mode="drop")
-                cv = cv.at[i, rows, positions].set(v.astype(cv.dtype), mode="drop")
-                s = attend_len or ck.shape[2]
-                k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :s].astype(dt)
-                v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :s].astype(dt)
+                ck = ck.at[i, rows, heads, slots].set(k.astype(ck.dtype), mode="drop")
+                cv = cv.at[i, rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
+                s = attend_len or ck.shape[3]
+                k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :, :s].astype(dt)
+                v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :, :s].astype(dt)
                 kv = (ck, cv)
             o = attention(q, k, v, mask).reshape(b, t, cfg.num_heads * cfg.head_dim)
             x = x + o @ c(lw["wo"])
@@ -203,7 +212,7 @@ class Decoder(nnx.Module):
 
         if self.remat:
             block = jax.checkpoint(block)
-        (x, cache_kv, _), _ = jax.lax.scan(block, (x, cache_kv, jnp.int32(0)), weights)
+        (x, cache_kv, _), _ = jax.lax.scan(block, (x, cache_kv, jnp.int32(0)), self._stacked())
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
         logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)

@@ -135,7 +135,7 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
 @partial(jax.jit, donate_argnames=("cache",))
 def _copy_rows(cache: KVCache, src, dst, length):
     """Row dst gets row src's first `length` cache slots and length (prefix reuse)."""
-    keep = (jnp.arange(cache.max_len) < length)[None, :, None, None]
+    keep = (jnp.arange(cache.max_len) < length)[None, None, :, None]   # [L, K, S, D] per row
     k = cache.k.at[:, dst].set(jnp.where(keep, cache.k[:, src], cache.k[:, dst]))
     v = cache.v.at[:, dst].set(jnp.where(keep, cache.v[:, src], cache.v[:, dst]))
     return KVCache(k, v, cache.lengths.at[dst].set(length))
@@ -174,7 +174,7 @@ class Sampler:
         dt = cache_dtype or policy.model.dtype
         cache = KVCache.zeros(cfg, batch, max_len, dt)
         if policy.mesh is not None:
-            spec = spec_for(("layers", "batch", "cache_len", "kv_heads", "head_dim"),
+            spec = spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
                             cache.k.shape, policy.mesh)
             kv_sh = NamedSharding(policy.mesh, spec)
             len_sh = NamedSharding(policy.mesh, spec_for(("batch",), (batch,), policy.mesh))
