@@ -93,17 +93,21 @@ def prefill(graphdef, params, cache: KVCache, tokens, num_new, *, attend_len: in
     return dataclasses.replace(cache, lengths=cache.lengths + num_new), last
 
 
-@partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp"), donate_argnames=("cache",))
+@partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp", "unroll_layers"),
+         donate_argnames=("cache",))
 def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
-           *, steps: int, attend_len: int, sp: SamplingParams):
+           *, steps: int, attend_len: int, sp: SamplingParams, unroll_layers: bool = False):
     """Sample up to `steps` tokens for active rows.
 
     active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
+    unroll_layers: each step runs the layers unrolled over per-layer weights cut once
+    per call (Decoder.layer_weights: faster on CPU) instead of a scan over the stack.
     Returns (cache, last_logits, tokens [B, steps], logprobs [B, steps], counts [B]).
     """
     model = nnx.merge(graphdef, params)
     b = last_logits.shape[0]
     temp = sp.temperature
+    layers = model.layer_weights() if unroll_layers else None   # cut once, outside the loop
 
     def cond(s):
         step, _, _, _, _, done, *_ = s
@@ -120,7 +124,8 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
         done = done | stop | (counts >= max_new)
         pos = jnp.where(live, cache.lengths, cache.max_len)[:, None]
-        new_logits, cache = model(tok[:, None], pos, cache=cache, attend_len=attend_len)
+        new_logits, cache = model(tok[:, None], pos, cache=cache, attend_len=attend_len,
+                                  layer_weights=layers)
         cache = dataclasses.replace(cache, lengths=cache.lengths + live)
         logits = jnp.where(live[:, None], new_logits[:, 0], logits)
         return step + 1, cache, logits, toks, lps, done, counts
@@ -164,12 +169,15 @@ class Sampler:
     """
 
     def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
-                 min_prefill: int = 16, min_attend: int = 128):
+                 min_prefill: int = 16, min_attend: int = 128, unroll_layers: bool | None = None):
         if max_len <= 0 or batch <= 0:
             raise ValueError("batch and max_len must be positive")
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
+        # decode's layers: unrolled over per-layer weights on CPU (Decoder.layer_weights)
+        self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
+                              else bool(unroll_layers))
         cfg = policy.config
         dt = cache_dtype or policy.model.dtype
         cache = KVCache.zeros(cfg, batch, max_len, dt)
@@ -257,7 +265,8 @@ class Sampler:
         graphdef, params = self.policy.split()
         self.cache, self.last_logits, toks, lps, counts = decode(
             graphdef, params, self.cache, self.last_logits, rng, jnp.asarray(active),
-            jnp.asarray(max_new), jnp.asarray(stop_ids), steps=steps, attend_len=attend, sp=sampling)
+            jnp.asarray(max_new), jnp.asarray(stop_ids), steps=steps, attend_len=attend, sp=sampling,
+            unroll_layers=self.unroll_layers)
         toks, lps, counts = jax.device_get((toks, lps, counts))
         self.lengths += counts
         return {r: Generation(toks[r, :counts[r]].tolist(), lps[r, :counts[r]].tolist()) for r in rows}
