@@ -147,3 +147,16 @@ def test_shapes_are_bucketed(policy):
         s.append({0: _ids(rs, n)})
         s.generate([0], 5, set(), GREEDY, jax.random.key(0))
     assert len(s.shapes_compiled) == 2, s.shapes_compiled
+
+
+def test_logits_at_selects_one_position_per_row(policy):
+    """Decoder(logits_at=i) = the full forward's logits at row b's index i[b] (prefill uses it)."""
+    import jax.numpy as jnp
+    rs = np.random.RandomState(4)
+    toks = jnp.asarray(rs.randint(0, 97, (3, 9)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(9), (3, 9))
+    full, _ = policy.model(toks, pos)
+    at = jnp.array([8, 0, 5])
+    one, _ = policy.model(toks, pos, logits_at=at)
+    assert one.shape == (3, 1, 97)
+    np.testing.assert_allclose(np.asarray(one[:, 0]), np.asarray(full[jnp.arange(3), at]), atol=1e-5)

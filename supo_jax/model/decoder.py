@@ -170,13 +170,17 @@ class Decoder(nnx.Module):
                 for i in range(self.cfg.num_layers)]
 
     def __call__(self, tokens, positions, *, segment_ids=None, cache: KVCache | None = None,
-                 attend_len: int | None = None, layer_weights: list[dict] | None = None):
+                 attend_len: int | None = None, layer_weights: list[dict] | None = None,
+                 logits_at=None):
         """tokens, positions [B, T] int32 -> (logits [B, T, V] float32, cache or None).
 
         With a cache, `attend_len` (static) limits attention to the first
         attend_len slots; every query must then have position < attend_len.
         With `layer_weights` (from `self.layer_weights()`), the layers run as an
         unrolled loop over those per-layer arrays instead of a scan over the stack.
+        `logits_at` [B] int: return only the logits at that index of each row,
+        [B, 1, V] (prefill needs only the last new token's: the LM head's matmul over
+        the other positions is skipped).
         """
         cfg, dt = self.cfg, self.dtype
         b, t = tokens.shape
@@ -233,6 +237,8 @@ class Decoder(nnx.Module):
             if self.remat:
                 block = jax.checkpoint(block)
             (x, cache_kv, _), _ = jax.lax.scan(block, (x, cache_kv, jnp.int32(0)), self._stacked())
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
         logits = jnp.dot(x, head.astype(dt), preferred_element_type=jnp.float32)

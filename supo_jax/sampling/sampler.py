@@ -88,8 +88,9 @@ def prefill(graphdef, params, cache: KVCache, tokens, num_new, *, attend_len: in
     t = tokens.shape[1]
     offs = jnp.arange(t, dtype=jnp.int32)[None, :]
     pos = jnp.where(offs < num_new[:, None], cache.lengths[:, None] + offs, cache.max_len)
-    logits, cache = model(tokens, pos, cache=cache, attend_len=attend_len)
-    last = jnp.take_along_axis(logits, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)[:, 0]
+    logits, cache = model(tokens, pos, cache=cache, attend_len=attend_len,
+                          logits_at=jnp.maximum(num_new - 1, 0))
+    last = logits[:, 0]
     return dataclasses.replace(cache, lengths=cache.lengths + num_new), last
 
 
