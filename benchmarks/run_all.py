@@ -26,7 +26,7 @@ import common
 
 # (name, section title, extra arguments run_all passes)
 BENCHMARKS = (
-    ("sampler", "Sampler decode throughput (supo_jax vs transformers)", ["--write"]),
+    ("sampler", "Sampler decode throughput (supo_jax vs transformers vs google-tunix)", ["--write"]),
     ("rollout", "Multi-turn rollout: KV cache kept across turns vs re-prefilled", []),
     ("horizon", "Horizon scaling: supo at a fixed W vs full", []),
     ("train_step", "Train step: ~100M model, FLOP/s vs the matmul peak, 8 devices vs 1", []),
@@ -66,8 +66,10 @@ def load(results_dir: str) -> dict:
 
 
 def old_section(text: str, title: str) -> str | None:
-    """The body of the '## title' section of an existing BENCHMARKS.md (None if absent)."""
-    m = re.search(r"^## " + re.escape(title) + r"\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    """The body of the '## title' section of an existing BENCHMARKS.md (None if absent); a
+    title's parenthesized tail may have changed since that file was written."""
+    stem = re.escape(title.split(" (")[0])
+    m = re.search(r"^## " + stem + r"[^\n]*\n(.*?)(?=^## |\Z)", text, re.S | re.M)
     return m.group(1).strip() + "\n" if m else None
 
 

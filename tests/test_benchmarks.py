@@ -104,3 +104,45 @@ def test_run_all_assembles_benchmarks_md(results, tmp_path):
                   "## Peak host memory", "## Sampler decode throughput"):
         assert title in text
     assert text.count("python benchmarks/") >= 4 and "(--smoke run" in text
+
+
+def _sampler_module():
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    import sampler
+    return sampler
+
+
+def test_sampler_table_tunix_columns():
+    """sampler.py's table: tunix columns only when some row has them ('-' where one lacks them).
+    No benchmark runs here and tunix's environment is not built."""
+    sampler = _sampler_module()
+    st = {"first": 1.0, "tps": 10.0, "tps_lo": 9.0, "tps_hi": 11.0}
+    row = {"batch": 1, "supo": st, "prefill_s": 0.1, "step_ms": 50.0, "hf": st, "agree": 1.0}
+    plain = sampler.table([row])
+    assert "tunix" not in plain and plain.splitlines()[2].count("|") == 10
+    with_tunix = sampler.table([{**row, "tunix": {**st, "tps": 5.0}, "tunix_agree": 0.5},
+                                {**row, "batch": 8}])
+    lines = with_tunix.splitlines()
+    assert all(ln.count("|") == 14 for ln in lines)
+    assert "| 2.00x | 50% |" in lines[2] and lines[3].endswith("| - | - | - | - |")
+    assert "google-tunix was not run: no venv" in sampler.tunix_note({"skipped": "no venv"})
+    # targets at batch 8/32 only; the what-limits note quotes the matmul floor
+    row8 = {**row, "batch": 8, "hf": {**st, "median_s": 1.0},
+            "floor": {"jax_ms": 20.0, "torch_ms": 25.0, "matmul_gflop": 2.0}}
+    t = sampler.targets([row, row8])
+    assert [x["measured"] for x in t] == ["1.00x"] and not t[0]["met"]
+    note = sampler.limits({"results": {"rows": [row8], "targets": t}, "config": {"new_tokens": 8}})
+    assert "20 ms in XLA and 25 ms in torch" in note and "at most 3.8x transformers" in note
+
+
+def test_sampler_start_tunix_never_raises(monkeypatch):
+    """When tunix's environment cannot be had, start_tunix says why and returns no worker."""
+    sampler = _sampler_module()
+
+    def fail(*a, **k):
+        raise sampler.TunixUnavailable("pip install failed")
+
+    monkeypatch.setattr(sampler, "tunix_python", fail)
+    worker, info = sampler.start_tunix("/nonexistent", [1, 2], 4, 128, True)
+    assert worker is None and info["skipped"] == "pip install failed"
