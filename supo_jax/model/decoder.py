@@ -161,8 +161,8 @@ class Decoder(nnx.Module):
         For token-by-token decoding on CPU: cut once outside the decode loop and pass
         as `layer_weights=`. A scan over the stack slices (copies) every layer's
         weights out of it at every step, which XLA's CPU backend does not fuse into
-        the matmuls; the cut arrays are read in place (SmolLM2-135M decode: ~25%
-        faster per step). On TPU the scan's slices are cheap and the copy of the
+        the matmuls; the cut arrays are read in place (SmolLM2-135M decode, same-process
+        A/B: 105 -> 92 ms per step at batch 8, 231 -> 216 at 32). On TPU the scan's slices are cheap and the copy of the
         weights is not worth its memory.
         """
         stacked = self._stacked()
