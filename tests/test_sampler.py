@@ -72,18 +72,59 @@ def test_sampler_logprobs_equal_training_forward(policy, sp):
 
 
 def test_unrolled_decode_equals_scan_decode():
-    """Decode over per-layer weights (the CPU default) = decode with the layer scan."""
+    """Decode over per-layer weights and per-layer caches (the CPU default) = decode with
+    the layer scan over the stacked cache: tokens, logprobs, and the cache it leaves
+    behind, over two turns (the second starts from the first's merged cache)."""
     pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)   # plain weights
     rs = np.random.RandomState(3)
     prompts = [_ids(rs, n) for n in (4, 10, 7)]
-    out = {}
+    obs = [_ids(rs, n) for n in (3, 1, 6)]
+    out, caches = {}, {}
     for unroll in (False, True):
         s = Sampler(pol, batch=3, max_len=128, unroll_layers=unroll)
         s.append(dict(enumerate(prompts)))
-        out[unroll] = s.generate(range(3), 20, set(), SamplingParams(1.0), jax.random.key(1))
+        first = s.generate(range(3), 20, set(), SamplingParams(1.0), jax.random.key(1))
+        s.append(dict(enumerate(obs)))
+        second = s.generate(range(3), 9, set(), SamplingParams(1.0), jax.random.key(2))
+        out[unroll] = [first[r].tokens + second[r].tokens for r in range(3)], \
+            [first[r].logprobs + second[r].logprobs for r in range(3)]
+        caches[unroll] = s.cache, s.lengths.copy()
+    assert out[True][0] == out[False][0]
+    np.testing.assert_allclose(out[True][1], out[False][1], atol=1e-5)
+    (c1, n1), (c0, n0) = caches[True], caches[False]
+    assert not c1.per_layer and c1.k.shape == c0.k.shape
+    np.testing.assert_array_equal(n1, n0)
+    np.testing.assert_array_equal(np.asarray(c1.lengths), n0)
     for r in range(3):
-        assert out[True][r].tokens == out[False][r].tokens
-        np.testing.assert_allclose(out[True][r].logprobs, out[False][r].logprobs, atol=1e-5)
+        for a, b in ((c1.k, c0.k), (c1.v, c0.v)):
+            np.testing.assert_allclose(np.asarray(a[:, r, :, :n0[r]]), np.asarray(b[:, r, :, :n0[r]]),
+                                       atol=1e-5)
+
+
+def test_kv_cache_split_and_merge_layers():
+    """split_layers cuts a span into per-layer arrays (keys transposed); merge_layers
+    puts them back and leaves the slots past the span untouched."""
+    import jax.numpy as jnp
+    from supo_jax.model.decoder import KVCache
+    cfg = tiny_config("qwen2", vocab_size=97)
+    rs = np.random.RandomState(5)
+    full = KVCache(*(jnp.asarray(rs.randn(cfg.num_layers, 2, cfg.num_kv_heads, 32, cfg.head_dim),
+                                 jnp.float32) for _ in range(2)), jnp.array([3, 9], jnp.int32))
+    part = full.split_layers(16)
+    assert part.per_layer and len(part.k) == cfg.num_layers
+    assert part.max_len == 16 and part.batch == 2
+    assert part.k[1].shape == (2, cfg.num_kv_heads, cfg.head_dim, 16)
+    np.testing.assert_array_equal(np.asarray(part.k[1]), np.asarray(full.k[1, :, :, :16]).swapaxes(-1, -2))
+    np.testing.assert_array_equal(np.asarray(part.v[1]), np.asarray(full.v[1, :, :, :16]))
+    zero = KVCache(tuple(jnp.zeros_like(a) for a in part.k), tuple(jnp.zeros_like(a) for a in part.v),
+                   part.lengths + 1)
+    merged = full.merge_layers(zero)
+    assert np.all(np.asarray(merged.k[:, :, :, :16]) == 0) and np.all(np.asarray(merged.v[:, :, :, :16]) == 0)
+    np.testing.assert_array_equal(np.asarray(merged.k[:, :, :, 16:]), np.asarray(full.k[:, :, :, 16:]))
+    np.testing.assert_array_equal(np.asarray(merged.lengths), [4, 10])
+    with pytest.raises(ValueError, match="layer_weights"):
+        new_policy(cfg, seed=0).model(jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1), jnp.int32),
+                                      cache=part)
 
 
 def test_top_k_top_p_restrict_support(policy):

@@ -35,9 +35,16 @@ class KVCache:
     """Keys/values [L, B, K, S, D] and the number of valid tokens per row [B].
 
     Each (row, kv head) holds its keys as one contiguous [S, D] block: attention
-    multiplies the cache as stored, with no per-step transpose of the whole cache."""
-    k: jax.Array
-    v: jax.Array
+    multiplies the cache as stored, with no per-step transpose of the whole cache.
+
+    `k` and `v` may instead be tuples of L per-layer arrays (`split_layers`), keys
+    transposed [B, K, D, S] and values [B, K, S, D]: the form the unrolled CPU decode
+    loop carries. Each layer writes and reads its own arrays in place instead of
+    slicing them out of the stack, and the scores are a plain [G, D] x [D, S] matmul
+    per (row, kv head) (XLA's CPU backend runs q @ k^T against [S, D] keys ~2x slower).
+    """
+    k: jax.Array | tuple
+    v: jax.Array | tuple
     lengths: jax.Array
 
     @classmethod
@@ -46,12 +53,29 @@ class KVCache:
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
 
     @property
+    def per_layer(self) -> bool:
+        return isinstance(self.k, (tuple, list))
+
+    @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.v[0].shape[2] if self.per_layer else self.k.shape[3]
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0] if self.per_layer else self.k.shape[1]
+
+    def split_layers(self, span: int) -> "KVCache":
+        """The first `span` slots of every layer as per-layer arrays: keys [B, K, D, span]
+        (transposed), values [B, K, span, D]."""
+        cut = lambda a: tuple(a[i, :, :, :span] for i in range(a.shape[0]))
+        return KVCache(tuple(k.swapaxes(-1, -2) for k in cut(self.k)), cut(self.v), self.lengths)
+
+    def merge_layers(self, part: "KVCache") -> "KVCache":
+        """This stacked cache with its first slots replaced by `part`'s per-layer arrays."""
+        span = part.max_len
+        put = lambda a, p: a.at[:, :, :, :span].set(jnp.stack(p))
+        return KVCache(put(self.k, [k.swapaxes(-1, -2) for k in part.k]), put(self.v, part.v),
+                       part.lengths)
 
 
 def rms_norm(x, weight, eps):
@@ -86,8 +110,10 @@ def apply_rope(x, positions, inv_freq):
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def attention(q, k, v, mask):
+def attention(q, k, v, mask, *, k_transposed: bool = False):
     """Grouped-query attention. q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> [B,T,H,D].
+
+    k_transposed: k is [B,K,D,S].
 
     The G = H/K query heads of each key/value head are folded into the rows of one
     [G*T, D] x [D, S] matmul per (batch, kv head): plain batched matmuls, which XLA's
@@ -97,7 +123,8 @@ def attention(q, k, v, mask):
     kh = k.shape[1]
     g = h // kh
     q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
-    scores = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    kt = k if k_transposed else k.swapaxes(-1, -2)
+    scores = jnp.matmul(q, kt, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kh, g, t, -1) * (1.0 / math.sqrt(d))
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
@@ -201,8 +228,10 @@ class Decoder(nnx.Module):
         heads = jnp.arange(cfg.num_kv_heads)[None, :, None]
         slots = positions[:, None, :]
 
-        def block(carry, lw):
-            x, kv, i = carry
+        def block(x, lw, kv, i):
+            """One transformer block. kv: this layer's caches (k [B, K, D, S], v [B, K, S, D])
+            when i is None, else the stacked caches [L, ...] and i the layer's index
+            (kv None: no cache)."""
             c = lambda a: a.astype(dt)
             h = rms_norm(x, lw["ln1"], cfg.rms_norm_eps)
             q, k, v = h @ c(lw["wq"]), h @ c(lw["wk"]), h @ c(lw["wv"])
@@ -218,25 +247,46 @@ class Decoder(nnx.Module):
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)      # [B, K, T, D]
             if kv is not None:
                 ck, cv = kv
-                ck = ck.at[i, rows, heads, slots].set(k.astype(ck.dtype), mode="drop")
-                cv = cv.at[i, rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
-                s = attend_len or ck.shape[3]
-                k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :, :s].astype(dt)
-                v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :, :s].astype(dt)
+                if i is None:       # per-layer arrays, keys transposed
+                    ck = ck.at[rows, heads, :, slots].set(k.astype(ck.dtype), mode="drop")
+                    cv = cv.at[rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
+                    s = attend_len or cv.shape[2]
+                    k, v = ck[..., :s].astype(dt), cv[:, :, :s].astype(dt)
+                else:
+                    ck = ck.at[i, rows, heads, slots].set(k.astype(ck.dtype), mode="drop")
+                    cv = cv.at[i, rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
+                    s = attend_len or ck.shape[3]
+                    k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :, :s].astype(dt)
+                    v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :, :s].astype(dt)
                 kv = (ck, cv)
-            o = attention(q, k, v, mask).reshape(b, t, cfg.num_heads * cfg.head_dim)
+            o = attention(q, k, v, mask, k_transposed=kv is not None and i is None)
+            o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
             x = x + o @ c(lw["wo"])
             h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
             x = x + (jax.nn.silu(h @ c(lw["w_gate"])) * (h @ c(lw["w_up"]))) @ c(lw["w_down"])
-            return (x, kv, i + 1), None
+            return x, kv
 
         if layer_weights is not None:
-            for i, lw in enumerate(layer_weights):
-                (x, cache_kv, _), _ = block((x, cache_kv, i), lw)
+            if cache is not None and cache.per_layer:
+                ks, vs = list(cache.k), list(cache.v)
+                for i, lw in enumerate(layer_weights):
+                    x, (ks[i], vs[i]) = block(x, lw, (ks[i], vs[i]), None)
+                cache_kv = (tuple(ks), tuple(vs))
+            else:
+                for i, lw in enumerate(layer_weights):
+                    x, cache_kv = block(x, lw, cache_kv, i)
         else:
+            if cache is not None and cache.per_layer:
+                raise ValueError("a per-layer cache (KVCache.split_layers) needs layer_weights=")
+
+            def step(carry, lw):
+                x, kv, i = carry
+                x, kv = block(x, lw, kv, i)
+                return (x, kv, i + 1), None
+
             if self.remat:
-                block = jax.checkpoint(block)
-            (x, cache_kv, _), _ = jax.lax.scan(block, (x, cache_kv, jnp.int32(0)), self._stacked())
+                step = jax.checkpoint(step)
+            (x, cache_kv, _), _ = jax.lax.scan(step, (x, cache_kv, jnp.int32(0)), self._stacked())
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)

@@ -101,14 +101,17 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     """Sample up to `steps` tokens for active rows.
 
     active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
-    unroll_layers: each step runs the layers unrolled over per-layer weights cut once
-    per call (Decoder.layer_weights: faster on CPU) instead of a scan over the stack.
+    unroll_layers: each step runs the layers unrolled over per-layer weights and per-layer
+    caches of the attended span, both cut once per call (Decoder.layer_weights,
+    KVCache.split_layers: faster on CPU, at the cost of a copy of that span of the cache
+    while decode runs) instead of a scan over the stacked weights and cache.
     Returns (cache, last_logits, tokens [B, steps], logprobs [B, steps], counts [B]).
     """
     model = nnx.merge(graphdef, params)
     b = last_logits.shape[0]
     temp = sp.temperature
     layers = model.layer_weights() if unroll_layers else None   # cut once, outside the loop
+    full, cache = (cache, cache.split_layers(attend_len)) if unroll_layers else (None, cache)
 
     def cond(s):
         step, _, _, _, _, done, *_ = s
@@ -135,6 +138,8 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
             jnp.zeros((b, steps), jnp.int32), jnp.zeros((b, steps), jnp.float32),
             ~active | (max_new <= 0), jnp.zeros((b,), jnp.int32))
     _, cache, logits, toks, lps, _, counts = jax.lax.while_loop(cond, body, init)
+    if unroll_layers:
+        cache = full.merge_layers(cache)
     return cache, logits, toks, lps, counts
 
 
