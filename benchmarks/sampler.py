@@ -306,7 +306,7 @@ def profile_decode(policy, prompt, batch, new_tokens, max_len, top=15):
         print(f"  {us / new_tokens / 1e3:8.2f} ms  {count[name] / new_tokens:5.1f} calls  {name}")
 
 
-def matmul_floor(model_cfg, batch: int, repeats: int = 5) -> dict:
+def matmul_floor(model_cfg, batch: int, span: int, repeats: int = 5) -> dict:
     """Milliseconds per decode step if the step were nothing but its matmuls, at its exact shapes.
 
     One decode step multiplies [batch, in] activations by every layer's q/k/v/o and
@@ -314,6 +314,10 @@ def matmul_floor(model_cfg, batch: int, repeats: int = 5) -> dict:
     its own weight array, chained so none is skipped) in one jitted XLA call and in
     torch, on this machine. supo_jax cannot decode faster than the XLA figure; its
     ratio to transformers cannot beat what the two floors allow.
+
+    Also `attn_ms`: every layer's attention of one new token over a `span`-slot cache
+    alone, as supo_jax's CPU decode computes it (`decoder.attention` against per-layer
+    caches, keys transposed), in XLA: the other large part of a step.
     """
     import jax.numpy as jnp
     import torch
@@ -358,7 +362,27 @@ def matmul_floor(model_cfg, batch: int, repeats: int = 5) -> dict:
     for _ in range(repeats):
         js.append(run_jax())
         ts.append(run_torch())
-    return {"jax_ms": min(js) * 1e3, "torch_ms": min(ts) * 1e3,
+    from supo_jax.model.decoder import attention
+    kv = [(jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, c.head_dim, span), np.float32)),
+           jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, span, c.head_dim), np.float32)))
+          for _ in range(c.num_layers)]
+    q0 = jnp.asarray(rng.standard_normal((batch, 1, c.num_heads, c.head_dim), np.float32))
+    mask = jnp.ones((batch, 1, span), bool)
+
+    @jax.jit
+    def attn_chain(q, kv):
+        for kt, vv in kv:
+            q = q + attention(q, kt, vv, mask, k_transposed=True)
+        return q.sum()
+
+    attn_chain(q0, kv).block_until_ready()
+    att = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        attn_chain(q0, kv).block_until_ready()
+        att.append(time.perf_counter() - t0)
+    return {"jax_ms": min(js) * 1e3, "torch_ms": min(ts) * 1e3, "attn_ms": min(att) * 1e3,
+            "span": span, "kv_mb": sum(a.nbytes for pair in kv for a in pair) / 1e6,
             "matmul_gflop": 2 * batch * (c.num_layers * sum(a * b for a, b in shapes.values())
                                          + v * e) / 1e9}
 
@@ -413,10 +437,20 @@ def limits(res: dict) -> str:
         elif c:
             out += (f"Against {name}, the floor leaves room for the {target:.1f}x target at some "
                     "batch sizes: there the gap is ours. ")
-    return out + ("What is ours is the gap between supo_jax's step and the XLA matmul floor, "
-                  "largest at batch 32: the per-layer KV-cache slices copied for attention over "
-                  "the bucketed span, the tiny batched attention matmuls (about a third of the "
-                  "step's op time in a profile at batch 32) and the cache scatter.\n")
+    out += ("What is ours is the gap between supo_jax's step and the XLA matmul floor. ")
+    att = [r for r in rows if "attn_ms" in r["floor"]]
+    if att:
+        out += ("Most of it is attention, which the weights-only floor leaves out: " + "; ".join(
+            f"at batch {r['batch']} the {r['floor']['span']}-slot attention alone (reading "
+            f"{r['floor']['kv_mb']:.0f} MB of cache) takes {r['floor']['attn_ms']:.0f} ms, so "
+            f"matmuls + attention = {r['floor']['jax_ms'] + r['floor']['attn_ms']:.0f} of the "
+            f"{r['step_ms']:.0f} ms step" for r in att) + ". The attention is small batched "
+            "matmuls (one [heads per kv head, head dim] x [head dim, span] product per row and "
+            "kv head) that XLA's CPU backend runs on one core (the same time with 1 or 2 cores: "
+            "`taskset -c 0`); the rest is elementwise work between the matmuls (norms, rope, "
+            "residuals, the cache writes) and the sampling's argmax and log-softmax over the "
+            "vocabulary.")
+    return out + "\n"
 
 
 def torch_info() -> dict:
@@ -578,9 +612,10 @@ def _rows(args, batches, policy, hf, tunix, prompt, max_len):
         print(f"batch {b}: supo_jax first {first:.1f}s, warm {[round(x, 2) for x in warm]} s "
               f"-> {s['tps']:.1f} tok/s (prefill {row['prefill_s']:.2f}s, decode "
               f"{row['step_ms']:.1f} ms/step)", flush=True)
-        row["floor"] = matmul_floor(policy.config, b)
+        row["floor"] = matmul_floor(policy.config, b, span=max_len)   # the span decode attends
         print(f"batch {b}: the decode step's matmuls alone: {row['floor']['jax_ms']:.1f} ms (XLA), "
-              f"{row['floor']['torch_ms']:.1f} ms (torch)", flush=True)
+              f"{row['floor']['torch_ms']:.1f} ms (torch); its attention over {max_len} slots "
+              f"alone: {row['floor']['attn_ms']:.1f} ms (XLA)", flush=True)
         if args.profile:
             profile_decode(policy, prompt, b, args.new_tokens, max_len)
         if "tunix" in res:

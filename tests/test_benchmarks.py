@@ -129,11 +129,14 @@ def test_sampler_table_tunix_columns():
     assert "google-tunix was not run: no venv" in sampler.tunix_note({"skipped": "no venv"})
     # targets at batch 8/32 only; the what-limits note quotes the matmul floor
     row8 = {**row, "batch": 8, "hf": {**st, "median_s": 1.0},
-            "floor": {"jax_ms": 20.0, "torch_ms": 25.0, "matmul_gflop": 2.0}}
+            "floor": {"jax_ms": 20.0, "torch_ms": 25.0, "matmul_gflop": 2.0, "attn_ms": 12.0,
+                      "span": 256, "kv_mb": 94.0}}
     t = sampler.targets([row, row8])
     assert [x["measured"] for x in t] == ["1.00x"] and not t[0]["met"]
     note = sampler.limits({"results": {"rows": [row8], "targets": t}, "config": {"new_tokens": 8}})
     assert "20 ms in XLA and 25 ms in torch" in note and "at most 3.8x transformers" in note
+    assert "256-slot attention alone (reading 94 MB of cache) takes 12 ms" in note
+    assert "matmuls + attention = 32 of the 50 ms step" in note
 
 
 def test_sampler_start_tunix_never_raises(monkeypatch):
