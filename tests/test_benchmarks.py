@@ -136,7 +136,8 @@ def test_sampler_table_tunix_columns():
     note = sampler.limits({"results": {"rows": [row8], "targets": t}, "config": {"new_tokens": 8}})
     assert "20 ms in XLA and 25 ms in torch" in note and "at most 3.8x transformers" in note
     assert "256-slot attention alone (reading 94 MB of cache) takes 12 ms" in note
-    assert "matmuls + attention = 32 of the 50 ms step" in note
+    assert "matmuls + attention = 32 of the 50 ms step (a step of just these two would give at " \
+        "most 2.8x transformers)" in note   # 1.0 s / (0.1 + 8 x 32 ms)
 
 
 def test_sampler_start_tunix_never_raises(monkeypatch):
