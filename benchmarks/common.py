@@ -72,6 +72,18 @@ def versions() -> dict:
             "optax": _version("optax"), "numpy": _version("numpy")}
 
 
+def warm_times(fn, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of fn() after one untimed (compiling) call.
+    fn must wait for its result (block_until_ready)."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def stats(xs) -> dict:
     """min / median / max of a list of numbers (and how many)."""
     xs = list(xs)

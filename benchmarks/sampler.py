@@ -375,12 +375,7 @@ def matmul_floor(model_cfg, batch: int, span: int, repeats: int = 5) -> dict:
             q = q + attention(q, kt, vv, mask, k_transposed=True)
         return q.sum()
 
-    attn_chain(q0, kv).block_until_ready()
-    att = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        attn_chain(q0, kv).block_until_ready()
-        att.append(time.perf_counter() - t0)
+    att = common.warm_times(lambda: attn_chain(q0, kv).block_until_ready(), repeats)
     return {"jax_ms": min(js) * 1e3, "torch_ms": min(ts) * 1e3, "attn_ms": min(att) * 1e3,
             "span": span, "kv_mb": sum(a.nbytes for pair in kv for a in pair) / 1e6,
             "matmul_gflop": 2 * batch * (c.num_layers * sum(a * b for a, b in shapes.values())

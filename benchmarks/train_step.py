@@ -133,13 +133,7 @@ def _matmul_peak(n: int, calls: int):
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
     f = jax.jit(jnp.dot)
-    f(a, b).block_until_ready()
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        f(a, b).block_until_ready()
-        ts.append(time.perf_counter() - t0)
-    return [2 * n ** 3 / t for t in ts]
+    return [2 * n ** 3 / t for t in common.warm_times(lambda: f(a, b).block_until_ready(), calls)]
 
 
 def parse_mesh(label: str) -> tuple[int, int, int]:

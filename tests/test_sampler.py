@@ -122,9 +122,12 @@ def test_kv_cache_split_and_merge_layers():
     assert np.all(np.asarray(merged.k[:, :, :, :16]) == 0) and np.all(np.asarray(merged.v[:, :, :, :16]) == 0)
     np.testing.assert_array_equal(np.asarray(merged.k[:, :, :, 16:]), np.asarray(full.k[:, :, :, 16:]))
     np.testing.assert_array_equal(np.asarray(merged.lengths), [4, 10])
-    with pytest.raises(ValueError, match="layer_weights"):
-        new_policy(cfg, seed=0).model(jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1), jnp.int32),
-                                      cache=part)
+    model = new_policy(cfg, seed=0).model
+    tok = jnp.zeros((2, 1), jnp.int32)
+    with pytest.raises(ValueError, match="per-layer"):      # per-layer cache, layer scan
+        model(tok, tok, cache=part)
+    with pytest.raises(ValueError, match="per-layer"):      # stacked cache, per-layer weights
+        model(tok, tok, cache=full, layer_weights=model.layer_weights())
 
 
 def test_top_k_top_p_restrict_support(policy):

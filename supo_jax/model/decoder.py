@@ -204,7 +204,8 @@ class Decoder(nnx.Module):
         With a cache, `attend_len` (static) limits attention to the first
         attend_len slots; every query must then have position < attend_len.
         With `layer_weights` (from `self.layer_weights()`), the layers run as an
-        unrolled loop over those per-layer arrays instead of a scan over the stack.
+        unrolled loop over those per-layer arrays instead of a scan over the stack; a
+        cache must then be per-layer too (`KVCache.split_layers`).
         `logits_at` [B] int: return only the logits at that index of each row,
         [B, 1, V] (prefill needs only the last new token's: the LM head's matmul over
         the other positions is skipped).
@@ -266,19 +267,17 @@ class Decoder(nnx.Module):
             x = x + (jax.nn.silu(h @ c(lw["w_gate"])) * (h @ c(lw["w_up"]))) @ c(lw["w_down"])
             return x, kv
 
+        per_layer = cache is not None and cache.per_layer
+        if (layer_weights is not None) != per_layer and cache is not None:
+            raise ValueError("per-layer weights (layer_weights=) go with a per-layer cache "
+                             "(KVCache.split_layers), the layer scan with a stacked one")
         if layer_weights is not None:
-            if cache is not None and cache.per_layer:
-                ks, vs = list(cache.k), list(cache.v)
-                for i, lw in enumerate(layer_weights):
-                    x, (ks[i], vs[i]) = block(x, lw, (ks[i], vs[i]), None)
-                cache_kv = (tuple(ks), tuple(vs))
-            else:
-                for i, lw in enumerate(layer_weights):
-                    x, cache_kv = block(x, lw, cache_kv, i)
+            kvs = list(zip(cache.k, cache.v)) if per_layer else [None] * len(layer_weights)
+            for i, lw in enumerate(layer_weights):
+                x, kvs[i] = block(x, lw, kvs[i], None)
+            if per_layer:
+                cache_kv = (tuple(k for k, _ in kvs), tuple(v for _, v in kvs))
         else:
-            if cache is not None and cache.per_layer:
-                raise ValueError("a per-layer cache (KVCache.split_layers) needs layer_weights=")
-
             def step(carry, lw):
                 x, kv, i = carry
                 x, kv = block(x, lw, kv, i)

@@ -111,7 +111,9 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     b = last_logits.shape[0]
     temp = sp.temperature
     layers = model.layer_weights() if unroll_layers else None   # cut once, outside the loop
-    full, cache = (cache, cache.split_layers(attend_len)) if unroll_layers else (None, cache)
+    full = cache
+    if unroll_layers:
+        cache = cache.split_layers(attend_len)                 # per-layer caches, once
 
     def cond(s):
         step, _, _, _, _, done, *_ = s
