@@ -101,6 +101,55 @@ def test_unrolled_decode_equals_scan_decode():
                                        atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [False, True])
+def test_chunked_decode_equals_one_call(unroll):
+    """A generation cut into chunks of 8 steps, each attending over the span its rows
+    reach by the chunk's end, = the same generation in one call: sampled tokens,
+    logprobs, lengths and cache, with per-row budgets, a stop token that lands on a
+    chunk's last step, and a second turn."""
+    policy = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)   # plain weights
+    rs = np.random.RandomState(6)
+    prompts = [_ids(rs, n) for n in (4, 10, 7)]
+    obs = [_ids(rs, n) for n in (3, 1, 6)]
+    sp, key = SamplingParams(1.0), jax.random.key(3)
+    ref = Sampler(policy, batch=3, max_len=96, min_attend=16, decode_chunk=0, unroll_layers=unroll)
+    ref.append(dict(enumerate(prompts)))
+    free = ref.generate(range(3), 30, set(), sp, key)
+    stop = free[1].tokens[7]                     # row 1 stops at the end of the first chunk
+    k = free[1].tokens.index(stop)
+    runs = {}
+    for chunk in (0, 8):
+        s = Sampler(policy, batch=3, max_len=96, min_attend=16, decode_chunk=chunk,
+                    unroll_layers=unroll)
+        s.append(dict(enumerate(prompts)))
+        first = s.generate(range(3), {0: 30, 1: 30, 2: 19}, {0: set(), 1: {stop}, 2: set()},
+                           sp, key)
+        s.append(dict(enumerate(obs)))
+        second = s.generate([0, 2], 21, set(), sp, jax.random.key(4))
+        runs[chunk] = first, second, s
+    (f0, g0, s0), (f8, g8, s8) = runs[0], runs[8]
+    assert f8[0].tokens == free[0].tokens and f8[2].tokens == free[2].tokens[:19]
+    assert f8[1].tokens == free[1].tokens[:k + 1] and k <= 7
+    for a, b in ((f0, f8), (g0, g8)):
+        for r in a:
+            assert a[r].tokens == b[r].tokens
+            np.testing.assert_allclose(a[r].logprobs, b[r].logprobs, atol=1e-5)
+    assert len(g8[0].tokens) == 21 and len(g8[2].tokens) == 21
+    np.testing.assert_array_equal(s8.lengths, s0.lengths)
+    np.testing.assert_array_equal(np.asarray(s8.cache.lengths), s0.lengths)
+    for r in range(3):
+        n = s0.lengths[r]
+        for a, b in ((s8.cache.k, s0.cache.k), (s8.cache.v, s0.cache.v)):
+            np.testing.assert_allclose(np.asarray(a[:, r, :, :n]), np.asarray(b[:, r, :, :n]),
+                                       atol=1e-5)
+    # the chunks attend over growing spans; the single call over the final one
+    spans = sorted({key[3] for key in s8.shapes_compiled if key[0] == "decode"})
+    assert spans[0] < spans[-1] and len(spans) >= 3, spans
+    assert {key[2] for key in s8.shapes_compiled if key[0] == "decode"} == {8}
+    with pytest.raises(ValueError, match="decode_chunk"):
+        Sampler(policy, batch=1, max_len=32, decode_chunk=12)
+
+
 def test_kv_cache_split_and_merge_layers():
     """split_layers cuts a span into per-layer arrays (keys transposed); merge_layers
     puts them back and leaves the slots past the span untouched."""
