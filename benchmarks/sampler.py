@@ -33,6 +33,7 @@ table has no tunix columns; --skip-tunix leaves tunix out.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -48,7 +49,7 @@ import numpy as np  # noqa: E402
 
 import supo_jax  # noqa: E402
 from supo_jax.model.config import ModelConfig  # noqa: E402
-from supo_jax.sampling.sampler import Sampler, SamplingParams, bucket  # noqa: E402
+from supo_jax.sampling.sampler import Sampler, SamplingParams, bucket, span_bucket  # noqa: E402
 
 PROMPT_TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes "
                "Gutenberg combined movable metal type, oil-based ink and a screw press adapted from "
@@ -306,7 +307,18 @@ def profile_decode(policy, prompt, batch, new_tokens, max_len, top=15):
         print(f"  {us / new_tokens / 1e3:8.2f} ms  {count[name] / new_tokens:5.1f} calls  {name}")
 
 
-def matmul_floor(model_cfg, batch: int, span: int, repeats: int = 5) -> dict:
+def decode_spans(prompt_len: int, new_tokens: int, max_len: int) -> list[tuple[int, int]]:
+    """(steps, attention span) of each decode call a default `Sampler` makes for one
+    generation of `new_tokens` after a `prompt_len` prompt (no stop tokens)."""
+    defaults = inspect.signature(Sampler).parameters
+    chunk = defaults["decode_chunk"].default or bucket(new_tokens, 8)
+    min_attend = defaults["min_attend"].default
+    return [(min(chunk, new_tokens - i),
+             span_bucket(prompt_len + min(i + chunk, new_tokens), min_attend, max_len))
+            for i in range(0, new_tokens, chunk)]
+
+
+def matmul_floor(model_cfg, batch: int, spans: list[tuple[int, int]], repeats: int = 5) -> dict:
     """Milliseconds per decode step if the step were nothing but its matmuls, at its exact shapes.
 
     One decode step multiplies [batch, in] activations by every layer's q/k/v/o and
@@ -315,9 +327,10 @@ def matmul_floor(model_cfg, batch: int, span: int, repeats: int = 5) -> dict:
     torch, on this machine. supo_jax cannot decode faster than the XLA figure; its
     ratio to transformers cannot beat what the two floors allow.
 
-    Also `attn_ms`: every layer's attention of one new token over a `span`-slot cache
-    alone, as supo_jax's CPU decode computes it (`decoder.attention` against per-layer
-    caches, keys transposed), in XLA: the other large part of a step.
+    Also `attn_ms`: every layer's attention of one new token over the cache alone, as
+    supo_jax's CPU decode computes it (`decoder.attention` against per-layer caches, keys
+    transposed), in XLA: the other large part of a step. It is the mean over the decode's
+    steps, `spans` giving (steps, slots attended) per decode call; `kv_mb` likewise.
     """
     import jax.numpy as jnp
     import torch
@@ -363,21 +376,27 @@ def matmul_floor(model_cfg, batch: int, span: int, repeats: int = 5) -> dict:
         js.append(run_jax())
         ts.append(run_torch())
     from supo_jax.model.decoder import attention
-    kv = [(jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, c.head_dim, span), np.float32)),
-           jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, span, c.head_dim), np.float32)))
-          for _ in range(c.num_layers)]
     q0 = jnp.asarray(rng.standard_normal((batch, 1, c.num_heads, c.head_dim), np.float32))
-    mask = jnp.ones((batch, 1, span), bool)
 
     @jax.jit
     def attn_chain(q, kv):
+        mask = jnp.ones((batch, 1, kv[0][1].shape[2]), bool)
         for kt, vv in kv:
             q = q + attention(q, kt, vv, mask, k_transposed=True)
         return q.sum()
 
-    att = common.warm_times(lambda: attn_chain(q0, kv).block_until_ready(), repeats)
-    return {"jax_ms": min(js) * 1e3, "torch_ms": min(ts) * 1e3, "attn_ms": min(att) * 1e3,
-            "span": span, "kv_mb": sum(a.nbytes for pair in kv for a in pair) / 1e6,
+    att_ms, kv_mb = {}, {}
+    for span in sorted({sp for _, sp in spans}):
+        kv = [(jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, c.head_dim, span), np.float32)),
+               jnp.asarray(rng.standard_normal((batch, c.num_kv_heads, span, c.head_dim), np.float32)))
+              for _ in range(c.num_layers)]
+        att_ms[span] = min(common.warm_times(lambda: attn_chain(q0, kv).block_until_ready(),
+                                             repeats)) * 1e3
+        kv_mb[span] = sum(a.nbytes for pair in kv for a in pair) / 1e6
+    steps = sum(n for n, _ in spans)
+    mean = lambda per_span: sum(n * per_span[sp] for n, sp in spans) / steps
+    return {"jax_ms": min(js) * 1e3, "torch_ms": min(ts) * 1e3, "attn_ms": mean(att_ms),
+            "spans": "/".join(str(sp) for sp in sorted(att_ms)), "kv_mb": mean(kv_mb),
             "matmul_gflop": 2 * batch * (c.num_layers * sum(a * b for a, b in shapes.values())
                                          + v * e) / 1e9}
 
@@ -441,8 +460,9 @@ def limits(res: dict) -> str:
             return "".join(f", {r[k]['median_s'] / at_floor:.1f}x {name}"
                            for k, name in (("hf", "transformers"), ("tunix", "tunix")) if k in r)
         out += ("Most of it is attention, which the weights-only floor leaves out: " + "; ".join(
-            f"at batch {r['batch']} the {r['floor']['span']}-slot attention alone (reading "
-            f"{r['floor']['kv_mb']:.0f} MB of cache) takes {r['floor']['attn_ms']:.0f} ms, so "
+            f"at batch {r['batch']} the attention alone (over {r['floor']['spans']} slots, reading "
+            f"{r['floor']['kv_mb']:.0f} MB of cache per step on average) takes "
+            f"{r['floor']['attn_ms']:.0f} ms, so "
             f"matmuls + attention = {r['floor']['jax_ms'] + r['floor']['attn_ms']:.0f} of the "
             f"{r['step_ms']:.0f} ms step (a step of just these two would give at most"
             f"{cap(r)[1:]})" for r in att) + ". The attention is small batched "
@@ -613,10 +633,12 @@ def _rows(args, batches, policy, hf, tunix, prompt, max_len):
         print(f"batch {b}: supo_jax first {first:.1f}s, warm {[round(x, 2) for x in warm]} s "
               f"-> {s['tps']:.1f} tok/s (prefill {row['prefill_s']:.2f}s, decode "
               f"{row['step_ms']:.1f} ms/step)", flush=True)
-        row["floor"] = matmul_floor(policy.config, b, span=max_len)   # the span decode attends
+        spans = decode_spans(len(prompt), args.new_tokens, max_len)   # the spans decode attends
+        row["floor"] = matmul_floor(policy.config, b, spans)
         print(f"batch {b}: the decode step's matmuls alone: {row['floor']['jax_ms']:.1f} ms (XLA), "
-              f"{row['floor']['torch_ms']:.1f} ms (torch); its attention over {max_len} slots "
-              f"alone: {row['floor']['attn_ms']:.1f} ms (XLA)", flush=True)
+              f"{row['floor']['torch_ms']:.1f} ms (torch); its attention over "
+              f"{row['floor']['spans']} slots alone: {row['floor']['attn_ms']:.1f} ms (XLA, mean "
+              f"per step)", flush=True)
         if args.profile:
             profile_decode(policy, prompt, b, args.new_tokens, max_len)
         if "tunix" in res:

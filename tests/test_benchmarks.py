@@ -130,14 +130,19 @@ def test_sampler_table_tunix_columns():
     # targets at batch 8/32 only; the what-limits note quotes the matmul floor
     row8 = {**row, "batch": 8, "hf": {**st, "median_s": 1.0},
             "floor": {"jax_ms": 20.0, "torch_ms": 25.0, "matmul_gflop": 2.0, "attn_ms": 12.0,
-                      "span": 256, "kv_mb": 94.0}}
+                      "spans": "128/192", "kv_mb": 94.0}}
     t = sampler.targets([row, row8])
     assert [x["measured"] for x in t] == ["1.00x"] and not t[0]["met"]
     note = sampler.limits({"results": {"rows": [row8], "targets": t}, "config": {"new_tokens": 8}})
     assert "20 ms in XLA and 25 ms in torch" in note and "at most 3.8x transformers" in note
-    assert "256-slot attention alone (reading 94 MB of cache) takes 12 ms" in note
+    assert ("attention alone (over 128/192 slots, reading 94 MB of cache per step on average) "
+            "takes 12 ms") in note
     assert "matmuls + attention = 32 of the 50 ms step (a step of just these two would give at " \
         "most 2.8x transformers)" in note   # 1.0 s / (0.1 + 8 x 32 ms)
+    # the attention floor is timed at the spans the default Sampler's decode calls attend
+    assert sampler.decode_spans(64, 128, 256) == [(64, 128), (64, 192)]
+    assert sampler.decode_spans(64, 100, 1024) == [(64, 128), (36, 192)]
+    assert sampler.decode_spans(200, 8, 256) == [(8, 256)]
 
 
 def test_sampler_start_tunix_never_raises(monkeypatch):
