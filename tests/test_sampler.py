@@ -150,6 +150,32 @@ def test_chunked_decode_equals_one_call(unroll):
         Sampler(policy, batch=1, max_len=32, decode_chunk=12)
 
 
+def test_layer_weights_cut_once_per_weight_update():
+    """The unrolled decode's per-layer weights are cut once and kept across generate
+    calls, and cut again when the policy's weights change: after an update the sampler
+    decodes with the new weights (= a fresh sampler), never the stale copy."""
+    from flax import nnx
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)
+    prompt = _ids(np.random.RandomState(7), 6)
+
+    def run(s, n=12):
+        s.reset(0, 0)
+        s.append({0: prompt})
+        return s.generate([0], n, set(), GREEDY, jax.random.key(0))[0]
+
+    s = Sampler(pol, batch=1, max_len=64, unroll_layers=True)
+    before = run(s)
+    cut = s._layers[1]
+    assert run(s).tokens == before.tokens and s._layers[1] is cut     # kept
+    st = nnx.state(pol.model, nnx.Param)
+    nnx.update(pol.model, jax.tree.map(lambda x: x * 12.0 if x.ndim > 1 else x, st))
+    after = run(s)
+    assert s._layers[1] is not cut
+    fresh = run(Sampler(pol, batch=1, max_len=64, unroll_layers=True))
+    assert after.tokens == fresh.tokens and after.tokens != before.tokens
+    np.testing.assert_allclose(after.logprobs, fresh.logprobs, atol=1e-5)
+
+
 def test_kv_cache_split_and_merge_layers():
     """split_layers cuts a span into per-layer arrays (keys transposed); merge_layers
     puts them back and leaves the slots past the span untouched."""
