@@ -71,11 +71,16 @@ class KVCache:
         return KVCache(tuple(k.swapaxes(-1, -2) for k in cut(self.k)), cut(self.v), self.lengths)
 
     def merge_layers(self, part: "KVCache") -> "KVCache":
-        """This stacked cache with its first slots replaced by `part`'s per-layer arrays."""
+        """This stacked cache with its first slots replaced by `part`'s per-layer arrays.
+
+        One in-place update per layer (stacking the parts first and writing the stack
+        copies the span twice: 250 vs 85 ms at batch 32, SmolLM2-135M, 192 slots)."""
         span = part.max_len
-        put = lambda a, p: a.at[:, :, :, :span].set(jnp.stack(p))
-        return KVCache(put(self.k, [k.swapaxes(-1, -2) for k in part.k]), put(self.v, part.v),
-                       part.lengths)
+        k, v = self.k, self.v
+        for i, (pk, pv) in enumerate(zip(part.k, part.v)):
+            k = k.at[i, :, :, :span].set(pk.swapaxes(-1, -2))
+            v = v.at[i, :, :, :span].set(pv)
+        return KVCache(k, v, part.lengths)
 
 
 def rms_norm(x, weight, eps):
