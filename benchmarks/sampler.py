@@ -459,13 +459,18 @@ def limits(res: dict) -> str:
             at_floor = r["prefill_s"] + n * (f["jax_ms"] + f["attn_ms"]) / 1e3
             return "".join(f", {r[k]['median_s'] / at_floor:.1f}x {name}"
                            for k, name in (("hf", "transformers"), ("tunix", "tunix")) if k in r)
-        out += ("Most of it is attention, which the weights-only floor leaves out: " + "; ".join(
+        def share(r):
+            both = r["floor"]["jax_ms"] + r["floor"]["attn_ms"]
+            if both >= r["step_ms"]:
+                return (f"matmuls + attention alone take {both:.0f} ms, as long as the whole "
+                        f"{r['step_ms']:.0f} ms step (the step runs at that floor; ")
+            return f"matmuls + attention = {both:.0f} of the {r['step_ms']:.0f} ms step ("
+        out += ("Part of it is attention, which the weights-only floor leaves out: " + "; ".join(
             f"at batch {r['batch']} the attention alone (over {r['floor']['spans']} slots, reading "
             f"{r['floor']['kv_mb']:.0f} MB of cache per step on average) takes "
-            f"{r['floor']['attn_ms']:.0f} ms, so "
-            f"matmuls + attention = {r['floor']['jax_ms'] + r['floor']['attn_ms']:.0f} of the "
-            f"{r['step_ms']:.0f} ms step (a step of just these two would give at most"
-            f"{cap(r)[1:]})" for r in att) + ". The attention is small batched "
+            f"{r['floor']['attn_ms']:.0f} ms, so {share(r)}"
+            f"a step of just these two would give at most{cap(r)[1:]})" for r in att)
+            + ". The attention is small batched "
             "matmuls (one [heads per kv head, head dim] x [head dim, span] product per row and "
             "kv head) that XLA's CPU backend runs on one core (the same time with 1 or 2 cores: "
             "`taskset -c 0`); the rest is elementwise work between the matmuls (norms, rope, "

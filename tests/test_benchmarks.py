@@ -139,6 +139,10 @@ def test_sampler_table_tunix_columns():
             "takes 12 ms") in note
     assert "matmuls + attention = 32 of the 50 ms step (a step of just these two would give at " \
         "most 2.8x transformers)" in note   # 1.0 s / (0.1 + 8 x 32 ms)
+    at_floor = {**row8, "step_ms": 30.0}
+    note = sampler.limits({"results": {"rows": [at_floor], "targets": t}, "config": {"new_tokens": 8}})
+    assert "matmuls + attention alone take 32 ms, as long as the whole 30 ms step (the step " \
+        "runs at that floor; a step of just these two would give at most 2.8x transformers)" in note
     # the attention floor is timed at the spans the default Sampler's decode calls attend
     assert sampler.decode_spans(64, 128, 256) == [(64, 128), (64, 192)]
     assert sampler.decode_spans(64, 100, 1024) == [(64, 128), (36, 192)]
