@@ -279,3 +279,25 @@ def test_logits_at_selects_one_position_per_row(policy):
     one, _ = policy.model(toks, pos, logits_at=at)
     assert one.shape == (3, 1, 97)
     np.testing.assert_allclose(np.asarray(one[:, 0]), np.asarray(full[jnp.arange(3), at]), atol=1e-5)
+
+
+def test_rope_table_lookup_equals_computed_rope():
+    """Decoder(rope_table=model.rope_table(n)) (decode's precomputed cos / sin) = the
+    rotary angles computed in the forward, with a cache; padding positions >= n are
+    clipped into the table and their cache writes dropped as before."""
+    import jax.numpy as jnp
+    from supo_jax.model.decoder import KVCache
+    pol = new_policy(tiny_config("llama3", vocab_size=97), seed=1)   # llama3 rope scaling
+    m, cfg = pol.model, pol.config
+    rs = np.random.RandomState(8)
+    toks = jnp.asarray(rs.randint(0, 97, (2, 6)), jnp.int32)
+    pos = jnp.asarray([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 32, 32]], jnp.int32)  # row 1: 2 pads
+    out = {}
+    for table in (None, m.rope_table(32)):
+        cache = KVCache.zeros(cfg, 2, 32)
+        out[table is None] = m(toks, pos, cache=cache, rope_table=table)
+    (la, ca), (lb, cb) = out[True], out[False]
+    np.testing.assert_allclose(np.asarray(la[:, :4]), np.asarray(lb[:, :4]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ca.k), np.asarray(cb.k), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ca.v), np.asarray(cb.v), atol=1e-5)
+    assert float(jnp.abs(ca.k[:, 1, :, 7:11]).sum()) > 0

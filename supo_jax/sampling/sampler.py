@@ -132,6 +132,7 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         layers = None
     elif layers is None:
         layers = model.layer_weights()                          # cut once, outside the loop
+    rope = model.rope_table(attend_len)                         # once, outside the loop
     full = cache
     if unroll_layers:
         cache = cache.split_layers(attend_len)                 # per-layer caches, once
@@ -152,7 +153,7 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         done = done | stop | (counts >= max_new)
         pos = jnp.where(live, cache.lengths, cache.max_len)[:, None]
         new_logits, cache = model(tok[:, None], pos, cache=cache, attend_len=attend_len,
-                                  layer_weights=layers)
+                                  layer_weights=layers, rope_table=rope)
         cache = dataclasses.replace(cache, lengths=cache.lengths + live)
         logits = jnp.where(live[:, None], new_logits[:, 0], logits)
         return step + 1, cache, logits, toks, lps, done, counts
