@@ -50,6 +50,24 @@ def loadavg() -> str:
         return "n/a"
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks since boot from /proc/stat: on a VM, steal is the time the
+    hypervisor gave this machine's cores to others (a contended host slows every timing)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+
+
+def steal_share(start, end) -> float | None:
+    """Fraction of the CPU time between two cpu_times() readings that was stolen."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
@@ -127,6 +145,7 @@ class Run:
         self.command = " ".join([f"python benchmarks/{name}.py"] + shown)
         self.t0 = time.perf_counter()
         self.load_start = loadavg()
+        self.cpu_start = cpu_times()
         self.date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         if self.load_start != "n/a" and float(self.load_start.split()[0]) > 0.5 and not args.smoke:
             print(f"warning: load average {self.load_start} at start: other processes will "
@@ -135,6 +154,12 @@ class Run:
     def write(self, results: dict, **extra) -> str:
         machine = machine_info()
         machine["load"] = f"{self.load_start} at start, {loadavg()} at end"
+        steal = steal_share(self.cpu_start, cpu_times())
+        if steal is not None:
+            machine["steal"] = steal
+            if steal > 0.03 and not self.args.smoke:
+                print(f"warning: {steal:.0%} of the CPU time was stolen by the hypervisor "
+                      "during the run: a contended host distorts the timings", file=sys.stderr)
         out = {"name": self.name, "command": self.command, "date": self.date,
                "smoke": bool(self.args.smoke), "wall_s": time.perf_counter() - self.t0,
                "machine": machine, "versions": versions(), "peak_rss_mb": peak_rss_mb(),

@@ -76,9 +76,11 @@ def old_section(text: str, title: str) -> str | None:
 def meta(res: dict) -> str:
     m, v = res["machine"], res["versions"]
     extra = "" if not res.get("smoke") else " **(--smoke run: sizes too small to mean anything)**"
+    steal = ("" if m.get("steal") is None else
+             f"; CPU time stolen by the hypervisor during the run (`/proc/stat`): {m['steal']:.1%}")
     return f"""**Machine**: {m['nproc']} CPU cores (`os.cpu_count()`), {m['cpu']} (`/proc/cpuinfo`);
 {m['platform']}; Python {m['python']}; JAX devices: {m['jax_devices']}; load average (1/5/15 min):
-{m['load']}.
+{m['load']}{steal}.
 
 **Versions**: jax {v['jax']} (jaxlib {v['jaxlib']}), flax {v['flax']}, transformers {v['transformers']},
 optax {v['optax']}, numpy {v['numpy']}.

@@ -45,6 +45,7 @@ def test_common_fields(results, name):
     assert all(res["versions"][k] for k in ("jax", "flax", "transformers"))
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", res["date"])
     assert res["peak_rss_mb"] > 50 and res["wall_s"] > 0
+    assert 0.0 <= res["machine"]["steal"] <= 1.0      # /proc/stat exists on Linux
     for t in res["results"]["targets"]:
         assert set(t) == {"what", "target", "measured", "met"}
 
@@ -147,6 +148,18 @@ def test_sampler_table_tunix_columns():
     assert sampler.decode_spans(64, 128, 256) == [(64, 128), (64, 192)]
     assert sampler.decode_spans(64, 100, 1024) == [(64, 128), (36, 192)]
     assert sampler.decode_spans(200, 8, 256) == [(8, 256)]
+
+
+def test_steal_share_from_proc_stat_readings():
+    """The share of CPU time the hypervisor stole between two /proc/stat readings."""
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    import common
+    assert common.steal_share((10, 1000), (40, 1300)) == 0.1
+    assert common.steal_share(None, (40, 1300)) is None
+    assert common.steal_share((10, 1000), (10, 1000)) is None
+    now = common.cpu_times()
+    assert now is None or (0 <= now[0] <= now[1])
 
 
 def test_sampler_start_tunix_never_raises(monkeypatch):
