@@ -196,6 +196,41 @@ def op_profile(fn) -> tuple[collections.Counter, collections.Counter]:
     return total, count
 
 
+def device_profile(fn, top: int = 12) -> dict:
+    """Run fn() under jax.profiler and split the accelerator's time: kernels launched, the
+    time the device was busy (union of its kernels' intervals) against the wall time of the
+    traced window, and the kernels that took longest. Only events of device processes
+    ("/device:GPU:0", "/device:TPU:0") count; on CPU the result is empty."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            t1 = time.perf_counter()
+            fn()
+            wall = time.perf_counter() - t1
+        (fn_,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
+        with gzip.open(fn_) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    device = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and "/device:" in str(e.get("args", {}).get("name", ""))}
+    spans, total, count = [], collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in device and "dur" in e:
+            spans.append((e["ts"], e["ts"] + e["dur"]))
+            total[e["name"]] += e["dur"]
+            count[e["name"]] += 1
+    busy, end = 0.0, -1.0
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return {"wall_s": wall, "kernels": len(spans), "busy_s": busy / 1e6,
+            "busy_share": busy / 1e6 / wall if wall else None, "trace_overhead_s": t1 - t0,
+            "top": [(n, total[n] / 1e6, count[n]) for n, _ in total.most_common(top)]}
+
+
 def tiny_policy(hidden: int, layers: int, *, heads: int = 4, kv_heads: int = 2, mlp: int | None = None,
                 seed: int = 0, smoke: bool = False):
     """A random tiny policy as the default run builds it (qwen2 family, float32, compact chat

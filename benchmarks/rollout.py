@@ -75,12 +75,13 @@ def main(argv=None):
     def once(reuse):
         actor = PolicyActor(policy, fmt, rows=args.tasks, max_len=max_len,
                             sampling=SamplingParams(temperature=0.0), reuse_cache=reuse)
+        spent = _time_calls(actor.sampler, ("append", "generate"))
         t0 = time.perf_counter()
         ro = run_rollouts(actor, lambda: make_env(ENV), tasks, fmt, ctx, rows=args.tasks)
         dt = time.perf_counter() - t0
         gen = sum(r.counters["generated_tokens"] for r in ro)
         return {"s": dt, "generated": gen, "prefilled": actor.prefilled, "calls": actor.calls,
-                "rollouts": ro}
+                "rollouts": ro, "prefill_s": spent["append"], "decode_s": spent["generate"]}
 
     names = {True: "kept", False: "reprefill"}
     first = {names[k]: once(k) for k in (True, False)}
@@ -92,6 +93,9 @@ def main(argv=None):
             print(f"round {i + 1}: {names[k]:9s} {r['s']:.2f} s, {r['generated']} tokens "
                   f"-> {r['generated'] / r['s']:.1f} tokens/s", flush=True)
 
+    pure = _pure_decode(policy, args.tasks, repeats)
+    print(f"pure decode, batch {args.tasks}, {PURE_PROMPT}-token prompt, {PURE_NEW} new tokens: "
+          f"{pure['tokens_per_s']['median']:.1f} tokens/s", flush=True)
     ref = _tokens(first["kept"]["rollouts"])
     runs = [first["reprefill"]] + timed["kept"] + timed["reprefill"]
     same = [_tokens(r["rollouts"]) == ref for r in runs]
@@ -105,14 +109,22 @@ def main(argv=None):
             "tokens_per_s": common.stats(r["generated"] / r["s"] for r in rs),
             "generated_tokens": last["generated"], "prefilled_tokens": last["prefilled"],
             "prefill_per_generated": last["prefilled"] / max(1, last["generated"]),
-            "actor_calls": last["calls"]}
+            "actor_calls": last["calls"],
+            # where a run's time goes: sampler prefill calls, decode calls, the rest (host
+            # loop, context manager, environment steps, tokenization)
+            "time_split": {k: sum(r[k] for r in rs) / sum(r["s"] for r in rs)
+                           for k in ("prefill_s", "decode_s")}}
+        variants[n]["time_split"]["rest_s"] = 1.0 - sum(variants[n]["time_split"].values())
     ratios = [k["generated"] / k["s"] / (p["generated"] / p["s"])
               for k, p in zip(timed["kept"], timed["reprefill"])]
     speedup = common.stats(ratios)
     ro = first["kept"]["rollouts"]
     n = len(ro)
+    kept_tps = variants["kept"]["tokens_per_s"]["median"]
     results = {
         "variants": variants,
+        "pure_decode": pure,
+        "rollout_share_of_decode": kept_tps / pure["tokens_per_s"]["median"],
         "speedup": speedup,
         "identical_rollouts": all(same),
         "identical_rollouts_share": rows_same / max(1, n),
@@ -144,6 +156,41 @@ def main(argv=None):
           f"{variants['reprefill']['prefill_per_generated']:.2f} re-prefill; identical "
           f"rollouts: {results['identical_rollouts']}")
     run.write(results, config=config)
+
+
+PURE_PROMPT, PURE_NEW = 256, 128
+
+
+def _time_calls(obj, names) -> dict:
+    """Wrap obj's methods `names` to add up their wall time (seconds) in the returned dict;
+    the device is synchronised at each call's end by the results the sampler reads back."""
+    import jax
+
+    spent = dict.fromkeys(names, 0.0)
+    for name in names:
+        fn = getattr(obj, name)
+
+        def timed(*a, _fn=fn, _name=name, **kw):
+            t0 = time.perf_counter()
+            out = _fn(*a, **kw)
+            jax.block_until_ready(obj.cache)
+            spent[_name] += time.perf_counter() - t0
+            return out
+        setattr(obj, name, timed)
+    return spent
+
+
+def _pure_decode(policy, rows: int, repeats: int) -> dict:
+    """Plain greedy generation of PURE_NEW tokens for `rows` rows after a PURE_PROMPT-token
+    prompt (no stop token): the decode rate the rollout loop is compared against."""
+    from supo_jax.sampling.sampler import SamplingParams, generate
+
+    prompt = [(7 * i) % (policy.config.vocab_size - 1) + 1 for i in range(PURE_PROMPT)]
+    run = lambda: generate(policy, [prompt] * rows, PURE_NEW,
+                           sampling=SamplingParams(temperature=0.0), stop_tokens=())
+    times = common.warm_times(run, repeats)
+    return {"rows": rows, "prompt": PURE_PROMPT, "new_tokens": PURE_NEW,
+            "tokens_per_s": common.stats(rows * PURE_NEW / t for t in times)}
 
 
 def limits(res: dict) -> str:
@@ -184,6 +231,13 @@ took {sh['steps_mean']:.1f} steps and {sh['summaries_mean']:.1f} summaries on av
 |---|---|---|---|---|---|
 | KV cache kept across turns | {k['first_run_s']:.1f} | {tps(k)} | {k['generated_tokens']} | {k['prefilled_tokens']} | {k['prefill_per_generated']:.2f} |
 | whole context re-prefilled | {p['first_run_s']:.1f} | {tps(p)} | {p['generated_tokens']} | {p['prefilled_tokens']} | {p['prefill_per_generated']:.2f} |
+
+Time split of the kept variant: sampler prefill calls {k['time_split']['prefill_s'] * 100:.0f}%,
+decode calls {k['time_split']['decode_s'] * 100:.0f}%, the rest (host loop, context manager, environment
+steps, tokenization) {k['time_split']['rest_s'] * 100:.0f}%. Pure decode at the same batch
+({r['pure_decode']['rows']} rows, {r['pure_decode']['prompt']}-token prompt, {r['pure_decode']['new_tokens']} new tokens):
+{r['pure_decode']['tokens_per_s']['median']:.1f} tokens/s; the rollouts reach
+**{r['rollout_share_of_decode'] * 100:.0f}%** of it.
 
 Speedup (kept / re-prefilled, per round): **{sp['median']:.2f}x** ({sp['min']:.2f}-{sp['max']:.2f}x);
 identical rollouts (every segment's token ids): **{'yes' if r['identical_rollouts'] else 'no'}**

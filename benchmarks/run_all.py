@@ -10,6 +10,9 @@ results/sampler.json, or, before that file exists, the section already in BENCHM
     python benchmarks/run_all.py --skip-sampler    # rollout, horizon, train_step (~10 min)
     python benchmarks/run_all.py --only horizon    # one benchmark, then reassemble
     python benchmarks/run_all.py --assemble        # no runs: BENCHMARKS.md from the JSONs
+    python benchmarks/run_all.py --only gpu        # the accelerator benchmark (never run by
+                                                   # default; its section is added whenever
+                                                   # results/gpu.json exists)
 """
 from __future__ import annotations
 
@@ -30,8 +33,15 @@ BENCHMARKS = (
     ("rollout", "Multi-turn rollout: KV cache kept across turns vs re-prefilled", []),
     ("horizon", "Horizon scaling: supo at a fixed W vs full", []),
     ("train_step", "Train step: ~100M model, FLOP/s vs the matmul peak, 8 devices vs 1", []),
+    ("train_memory", "Train-step memory vs row length (compiled, 8K to 64K tokens)", []),
 )
-TITLES = {n: t for n, t, _ in BENCHMARKS}
+# Run only when named in --only (an accelerator's benchmark: on a CPU it measures nothing of
+# interest); their sections are assembled whenever results/NAME.json exists.
+OPTIONAL = (
+    ("gpu", "GPU: train step, decode vs transformers, bf16 logprob mismatch (Qwen2.5-0.5B shapes)",
+     []),
+)
+TITLES = {n: t for n, t, _ in BENCHMARKS + OPTIONAL}
 OUT = os.path.join(common.REPO, "BENCHMARKS.md")
 
 
@@ -57,7 +67,7 @@ def run(name: str, extra=(), smoke: bool = False, results_dir: str = common.RESU
 
 def load(results_dir: str) -> dict:
     out = {}
-    for name, _, _ in BENCHMARKS:
+    for name, _, _ in BENCHMARKS + OPTIONAL:
         fn = os.path.join(results_dir, f"{name}.json")
         if os.path.exists(fn):
             with open(fn) as f:
@@ -132,12 +142,12 @@ each benchmark is one script, `python benchmarks/NAME.py`, which can be rerun al
 section. Benchmarks print figures and ratios; they are not tests.
 """]
     if all_res:
-        parts.append("## Targets (project issue 7)\n\n" + targets_table(all_res) + "\n")
+        parts.append("## Targets (project issues 7 and 14)\n\n" + targets_table(all_res) + "\n")
         notes = [n for n in (_module(name).limits(res) for name, res in all_res.items()
                              if hasattr(_module(name), "limits")) if n]
         if notes:
             parts.append("What limits the missed (or barely met) targets:\n\n" + "\n".join(notes))
-    for name, title, _ in BENCHMARKS:
+    for name, title, _ in BENCHMARKS + OPTIONAL:
         if name in all_res:
             res = all_res[name]
             parts.append(f"## {title}\n\n{meta(res)}\n{_module(name).markdown(res)}")
@@ -172,15 +182,16 @@ def main(argv=None):
     ap.add_argument("--out", default=OUT, help="the markdown file to write")
     args = ap.parse_args(argv)
     names = [n for n, _, _ in BENCHMARKS]
+    known = names + [n for n, _, _ in OPTIONAL]
     chosen = args.only.split(",") if args.only else names
-    unknown = set(chosen) - set(names)
+    unknown = set(chosen) - set(known)
     if unknown:
-        ap.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(names)}")
+        ap.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
     if args.skip_sampler and "sampler" in chosen:
         chosen.remove("sampler")
     t0 = time.perf_counter()
     if not args.assemble:
-        for name, _, extra in BENCHMARKS:
+        for name, _, extra in BENCHMARKS + OPTIONAL:
             if name in chosen:
                 if name == "sampler" and args.smoke:
                     continue   # the sampler benchmark has no smoke size

@@ -106,10 +106,11 @@ def prompt_ids(policy, length: int) -> list[int]:
     return rng.integers(3, policy.config.vocab_size, length).tolist()
 
 
-def supo_generate(policy, prompt, batch, new_tokens, max_len):
-    """One generation call; returns (seconds, prefill seconds, tokens [batch, new_tokens])."""
+def supo_generate(policy, prompt, batch, new_tokens, max_len, **sampler_options):
+    """One generation call; returns (seconds, prefill seconds, tokens [batch, new_tokens]).
+    sampler_options: Sampler keywords (unroll_layers=, decode_chunk=)."""
     t0 = time.perf_counter()
-    s = Sampler(policy, batch, max_len)
+    s = Sampler(policy, batch, max_len, **sampler_options)
     s.append({r: prompt for r in range(batch)})
     jax.block_until_ready(s.last_logits)
     t1 = time.perf_counter()

@@ -61,27 +61,31 @@ def _cmd_train(args) -> None:
 
 
 def _restore_policy(cfg, mesh=None):
-    """The run's latest policy (checkpoint in run_dir) or the configured one."""
+    """The run's latest policy (checkpoint in run_dir) or the configured one; a
+    FileNotFoundError when there is neither."""
     import os
 
     from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.rl.trainer import build_policy, check_run_dir
 
+    ck = os.path.join(cfg.train.run_dir, "checkpoints")
+    mgr = RunCheckpoints(ck) if os.path.isdir(ck) else None
+    steps = mgr.steps() if mgr else []
+    if not (steps or cfg.model.path or cfg.train.init_from):
+        raise FileNotFoundError(f"no checkpoint in {ck} and no model.path / train.init_from: "
+                                "nothing to evaluate (point train.run_dir at a trained run)")
     policy = build_policy(cfg, cfg.train.run_dir, mesh)
     check_run_dir(cfg.train.run_dir, policy)
-    ck = os.path.join(cfg.train.run_dir, "checkpoints")
-    if os.path.isdir(ck):
+    if steps:
         from flax import nnx
         import orbax.checkpoint as ocp
-        mgr = RunCheckpoints(ck)
-        steps = mgr.steps()
-        if steps:
-            _, params = policy.split()
-            abstract = jax_abstract(params)
-            got = mgr.manager.restore(steps[-1], args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract)))
-            nnx.update(policy.model, got["params"])
-            print(f"policy: {ck} step {steps[-1]}")
+        _, params = policy.split()
+        abstract = jax_abstract(params)
+        got = mgr.manager.restore(steps[-1], args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract)))
+        nnx.update(policy.model, got["params"])
+        print(f"policy: {ck} step {steps[-1]}")
+    if mgr:
         mgr.close()
     return policy
 
@@ -107,7 +111,7 @@ def _cmd_eval(args) -> None:
     caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
     rows = [evaluate(policy, fmt, cfg, max_summaries=c, seed=cfg.train.seed) for c in caps]
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
-            "working_context_mean", "overlong_rate"]
+            "working_context_mean", "effective_context_mean", "overlong_rate"]
     print(" | ".join(f"{k:>20s}" for k in keys))
     for r in rows:
         print(" | ".join(f"{r[k]:>20.3f}" if isinstance(r[k], float) else f"{r[k]:>20}" for k in keys))
@@ -176,7 +180,8 @@ def _cmd_rollout(args) -> None:
     write_jsonl(ro, args.out)
     s = summarize(ro)
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
-              "working_context_mean", "working_context_max", "summary_state_share", "reasons"):
+              "working_context_mean", "working_context_max", "effective_context_mean",
+              "summary_state_share", "reasons"):
         print(f"{k:24s} {s[k]}")
     print(f"wrote {args.out}")
 
@@ -259,6 +264,11 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, KeyError, IndexError, OSError) as e:
         print(f"supo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        hint = ("; rerun the same command to resume from the latest checkpoint"
+                if args.command in ("train", "sweep") else "")
+        print(f"supo-jax {args.command}: interrupted{hint}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -27,7 +27,10 @@ class ModelSection:
     path: str = ""                 # HF dir or .gguf; "" = a tiny random policy (tiny_* fields)
     dtype: str = "float32"         # parameter (master) dtype
     compute_dtype: str = ""        # "" = same as dtype
-    remat: bool = False
+    remat: str = "auto"            # auto | none | full | dots (what the backward keeps; Decoder)
+    attention: str = "auto"        # auto | xla | blockwise | cudnn | splash (model/attention.py)
+    precision: str = "auto"        # auto | default | high | highest (matmuls; auto: float32 is true
+                                   # float32 on accelerators)
     tiny_family: str = "qwen2"
     tiny_hidden: int = 64
     tiny_layers: int = 2
@@ -36,6 +39,9 @@ class ModelSection:
     tiny_mlp: int = 128
     tiny_vocab: int = 1024
     tiny_template: str = "compact"  # tiny tokenizer chat template: compact | qwen
+
+    def decoder_options(self) -> dict:
+        return {"remat": self.remat, "attention": self.attention, "precision": self.precision}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,9 @@ class TrainSection:
     init_from: str = ""            # a checkpoint / HF dir to start from ("" = model.path)
     sft_warm_start: bool = True    # tiny policies with no init: SFT on expert demos first
     progress: bool = True
+    # resuming with settings other than the saved config.json (beyond RESUMABLE_KEYS) is refused
+    # unless this is true; the old config is then kept as config.step<N>.json
+    accept_config_change: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +124,9 @@ class MeshSection:
 # The embedded default (`supo-jax train` with no arguments): a CPU-scale SUPO run on the
 # function-calling tallest family, small enough for 2 cores. Sections left at their class
 # defaults elsewhere (ContextConfig: W = 4096, S = 7, H = 100) keep the paper's values.
-CPU_CONTEXT = ContextConfig(manager="supo", working_context=400, max_summaries=3, max_steps=30,
+# W = 446: L = min(0.95 W, W - (summary instruction + generation prompt + 48)) = 380 tokens, the
+# trigger this default had when summary requests could still run past W (up to 446 tokens)
+CPU_CONTEXT = ContextConfig(manager="supo", working_context=446, max_summaries=3, max_steps=30,
                             max_action_tokens=48, max_summary_tokens=48, max_observation_tokens=64,
                             summary_instruction=SHORT_SUMMARY_INSTRUCTION)
 
@@ -268,8 +279,19 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("sft.full_context_demos must be in [0, 1]")
     if cfg.train.eval_samples < 1 or cfg.train.eval_temperature < 0:
         raise ConfigError("train.eval_samples must be >= 1 and train.eval_temperature >= 0")
+    if cfg.rollout.top_k or cfg.rollout.top_p < 1.0:
+        raise ConfigError(
+            f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
+            "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
+            "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
+    from supo_jax.model.attention import IMPLS
+    from supo_jax.model.decoder import PRECISIONS, REMAT
+    for key, allowed in (("remat", REMAT), ("attention", IMPLS), ("precision", PRECISIONS)):
+        if getattr(cfg.model, key) not in allowed:
+            raise ConfigError(f"model.{key}={getattr(cfg.model, key)!r} is not one of "
+                              f"{', '.join(allowed)}")
     return cfg
 
 
@@ -298,6 +320,42 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Confi
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+# settings a resumed run may change: how long it runs, how often it saves / evaluates, logging
+RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.keep", "train.eval_every",
+                  "train.eval_before", "train.eval_temperature", "train.eval_samples",
+                  "train.eval_max_summaries", "train.progress", "train.accept_config_change",
+                  "env.eval_tasks", "env.eval_knobs")
+
+
+def config_changes(saved: dict, cfg) -> list[str]:
+    """'key: saved -> new' for every setting of cfg that differs from a saved to_dict() (JSON)
+    outside RESUMABLE_KEYS."""
+    new = json.loads(json.dumps(to_dict(cfg), default=str))
+    out = []
+
+    def walk(a, b, prefix):
+        for k in sorted(set(a) | set(b)):
+            key = f"{prefix}{k}"
+            if key in RESUMABLE_KEYS:
+                continue
+            x, y = a.get(k), b.get(k)
+            if isinstance(x, dict) and isinstance(y, dict) and dataclasses.is_dataclass(
+                    _section_type(key)):
+                walk(x, y, key + ".")
+            elif x != y:
+                out.append(f"{key}: {x!r} -> {y!r}")
+    walk(saved, new, "")
+    return out
+
+
+def _section_type(key: str):
+    tp = Config
+    for part in key.split("."):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        tp = hints.get(part)
+    return tp
 
 
 def from_dict(d: dict, cls=Config):

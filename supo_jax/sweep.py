@@ -29,7 +29,8 @@ import numpy as np
 from supo_jax import config as C
 
 REPORT_KEYS = ("success_rate", "reward_mean", "tool_calls_mean", "summaries_mean",
-               "working_context_mean", "working_context_max", "summary_state_share")
+               "working_context_mean", "working_context_max", "effective_context_mean",
+               "summary_state_share")
 
 
 def split_values(text: str) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
-NAMES = ("rollout", "horizon", "train_step")
+NAMES = ("rollout", "horizon", "train_step", "train_memory")
 
 
 def _stats(d):
@@ -26,6 +26,10 @@ def results(tmp_path_factory):
     env = dict(os.environ)   # one host device unless a script asks for more (train_step does)
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
                               env.get("XLA_FLAGS", ""))
+    # on the CPU, also where the default platform is a GPU: train_step.py's 2x2x2 mesh runs
+    # on 8 simulated host devices (a GPU machine has 1 GPU), and the three scripts run side
+    # by side, which on one GPU would only contend for it
+    env["JAX_PLATFORMS"] = "cpu"
     procs = {n: subprocess.Popen([sys.executable, os.path.join(BENCH, f"{n}.py"), "--smoke",
                                   "--out-dir", str(out)], env=env, cwd=REPO,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -94,6 +98,14 @@ def test_train_step_fields(results):
     assert top and any(o["kind"].startswith("matmul") for o in top)
 
 
+def test_train_memory_fields(results):
+    r = results[1]["train_memory"]["results"]
+    for mode in ("auto", "full", "plain"):
+        assert [x["tokens"] for x in r[mode]] == [1024, 2048, 4096]
+        assert all(x["total_bytes"] > 0 and x["remat"] in ("none", "dots", "full") for x in r[mode])
+    assert len(r["growth"]["full"]) == 2 and r["plain"][-1]["total_bytes"] > r["full"][-1]["total_bytes"]
+
+
 def test_run_all_assembles_benchmarks_md(results, tmp_path):
     out_dir = results[0]
     md = tmp_path / "BENCHMARKS.md"
@@ -102,7 +114,7 @@ def test_run_all_assembles_benchmarks_md(results, tmp_path):
                    capture_output=True)
     text = md.read_text()
     for title in ("## Targets", "## Multi-turn rollout", "## Horizon scaling", "## Train step",
-                  "## Peak host memory", "## Sampler decode throughput"):
+                  "## Train-step memory", "## Peak host memory", "## Sampler decode throughput"):
         assert title in text
     assert text.count("python benchmarks/") >= 4 and "(--smoke run" in text
 
@@ -172,3 +184,52 @@ def test_sampler_start_tunix_never_raises(monkeypatch):
     monkeypatch.setattr(sampler, "tunix_python", fail)
     worker, info = sampler.start_tunix("/nonexistent", [1, 2], 4, 128, True)
     assert worker is None and info["skipped"] == "pip install failed"
+
+
+def test_gpu_smoke_fields(tmp_path):
+    """benchmarks/gpu.py --smoke (a tiny model; on a CPU transformers is skipped and no
+    fraction of peak is given) writes the fields its BENCHMARKS.md section reads, and
+    run_all.py --assemble adds that section when gpu.json exists."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                              env.get("XLA_FLAGS", ""))
+    out = tmp_path / "gpu.json"
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu.py"), "--smoke", "--out", str(out)],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"gpu.py --smoke failed:\n{(p.stdout + p.stderr)[-3000:]}"
+    res = json.loads(out.read_text())
+    assert res["name"] == "gpu" and res["smoke"] is True
+    assert res["command"] == "python benchmarks/gpu.py --smoke"
+    r = res["results"]
+    dev = r["device"]
+    assert dev["device_kind"] and dev["count"] >= 1
+    cpu = dev["platform"] == "cpu"
+    assert [(x["rows"], x["seq"]) for x in r["train"]] == [(2, 128), (1, 256)]
+    for x in r["train"]:
+        assert x["status"] == "ok", x
+        _stats(x["step_s"])
+        assert x["tokens_per_s"] > 0 and x["compile_s"] > 0 and x["xla_bytes"]["argument"] > 0
+        f = x["flops_per_step"]
+        assert f["total"] == f["dense"] + f["attention"] and 0 < f["attention"] < f["dense"]
+        assert (x["fraction_of_peak"] is None) if cpu else x["fraction_of_peak"] is None or \
+            x["fraction_of_peak"] > 0
+    (row,) = r["decode"]["rows"]
+    s = row["supo"]
+    assert row["batch"] == 2 and s["status"] == "ok"
+    assert s["tokens_per_s"] > 0 and s["decode_ms_per_step"] > 0 and s["prefill_s"] > 0
+    if cpu:
+        assert "no CUDA device" in r["decode"]["transformers"]["skipped"]
+    mm = r["mismatch"]["variants"]
+    assert set(mm) == {"bfloat16", "float32"}
+    for v in mm.values():
+        assert v["status"] == "ok" and v["tokens"] == 4 * 16
+        assert 0 <= v["p50"] <= v["p99"] <= v["max"] and v["mean"] >= 0
+    assert mm["float32"]["mean"] < mm["bfloat16"]["mean"]
+    md = tmp_path / "BENCHMARKS.md"
+    subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--assemble",
+                    "--results-dir", str(tmp_path), "--out", str(md)], check=True, cwd=REPO,
+                   capture_output=True)
+    text = md.read_text()
+    for title in ("## GPU", "### Train step", "### Decode", "### Sampler vs trainer"):
+        assert title in text
+    assert "python benchmarks/gpu.py --smoke" in text and "| 2 x 128 |" in text

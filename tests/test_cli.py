@@ -87,10 +87,50 @@ def test_unknown_environment_and_config_key(cmd, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("cmd", CONFIGURED)
-def test_working_context_smaller_than_the_prompt(cmd, tmp_path, capsys):
-    _one_line_error(capsys, _argv(cmd, tmp_path, sets=["context.working_context=60"]),
+def test_working_context_smaller_than_the_prompt(cmd, tmp_path, capsys, trained_run):
+    sets = ["context.working_context=60"]
+    if cmd == "eval":       # eval needs something to evaluate first
+        sets.append(f"train.run_dir={trained_run}")
+    _one_line_error(capsys, _argv(cmd, tmp_path, sets=sets),
                     "initial prompt", "context.working_context")
     assert not os.path.isdir(tmp_path / "run" / "checkpoints")   # refused before any work
+
+
+def test_eval_without_a_checkpoint_or_model_is_an_error(tmp_path, capsys):
+    _one_line_error(capsys, _argv("eval", tmp_path), "no checkpoint", "nothing to evaluate")
+    assert not os.path.exists(tmp_path / "run")      # and writes nothing
+
+
+def test_resume_with_other_settings_is_refused_then_accepted(tmp_path, trained_run):
+    """A run directory with checkpoints resumes only with its saved settings (steps, eval and
+    logging may change); train.accept_config_change continues and keeps the old config."""
+    import json
+    import shutil
+
+    from supo_jax.config import ConfigError, load_config, to_dict
+    from supo_jax.rl.trainer import check_resume_config
+
+    run = str(tmp_path / "run")
+    shutil.copytree(trained_run, run)
+    cfg = load_config(CONFIG, [f"train.run_dir={run}"])
+    with open(os.path.join(run, "config.json"), "w") as f:
+        json.dump(to_dict(cfg), f, default=str)
+    check_resume_config(run, load_config(CONFIG, [f"train.run_dir={run}", "train.steps=99",
+                                                  "train.eval_every=3"]), [0])
+    changed = load_config(CONFIG, [f"train.run_dir={run}", "optim.lr=0.5", "rollout.group_size=3"])
+    with pytest.raises(ConfigError, match=r"(?s)optim\.lr: .* -> 0\.5.*rollout\.group_size.*"
+                       "accept_config_change"):
+        check_resume_config(run, changed, [0])
+    check_resume_config(run, load_config(CONFIG, [f"train.run_dir={run}", "optim.lr=0.5",
+                                                  "train.accept_config_change=true"]), [0])
+    assert os.path.exists(os.path.join(run, "config.step0.json"))
+    check_resume_config(run, changed, [])          # no checkpoint yet: nothing to protect
+
+
+@pytest.fixture(scope="module")
+def trained_run(run_of_another_model):
+    """A run directory with a checkpoint of CONFIG's own model (what `eval` restores)."""
+    return run_of_another_model
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +162,7 @@ def test_run_dir_of_a_different_model(cmd, run_of_another_model, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["rollout", "--env", "nope", "--num", "1"],
-    ["eval", "--config", CONFIG, "--set", "context.working_context=60"],
+    ["eval", "--config", CONFIG],
     ["generate", "--model", "/nonexistent/model.gguf"],
 ])
 def test_bad_input_exits_2_without_traceback(argv, tmp_path):
@@ -133,3 +173,16 @@ def test_bad_input_exits_2_without_traceback(argv, tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"supo-jax {argv[0]}: error: "), r.stderr
+
+
+def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys):
+    import supo_jax.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_cmd_train", interrupted)
+    capsys.readouterr()
+    assert cli.main(["train"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["supo-jax train: interrupted; rerun the same command to resume from the "
+                   "latest checkpoint"]

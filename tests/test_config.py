@@ -50,3 +50,12 @@ def test_bad_overrides_name_the_key(bad, name):
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/cfg.py")
+
+
+def test_rl_refuses_truncated_sampling():
+    """top-k / top-p logprobs are the truncated distribution's; the training forward scores
+    the full one, so an RL config with them on fails at start, naming the fields."""
+    from supo_jax.config import ConfigError, load_config
+    for bad in ("rollout.top_k=20", "rollout.top_p=0.9"):
+        with pytest.raises(ConfigError, match="rollout.top_k=.*rollout.top_p"):
+            load_config(None, [bad])

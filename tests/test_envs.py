@@ -198,7 +198,7 @@ def test_expert_solves_across_supo_resets(family):
                 kw["expert"] = expert_for(f"fncall/{family}", continuation=kw["continuation"])
             reward, probes, _ = supo(f"fncall/{family}", task, rng, **kw)
             assert reward == 1.0, (task["task_id"], kw)
-            assert all(p is True for p in probes), (task["task_id"], kw)
+            assert all(p is not False for p in probes), (task["task_id"], kw)
     # resets happen: with every=2 a long task is summarized many times
     long_task = make_tasks(f"fncall/{family}", "eval", 1, 0, size=30)[0]
     _, probes, _ = supo(f"fncall/{family}", long_task, rng, every=2)
@@ -238,13 +238,15 @@ def test_probe_is_exact():
     task = make_tasks("fncall/tallest", "train", 1, 0, size=6)[0]
     env.reset(task)
     h = task["heights"]
+    # before any progress a summary of the initial state proves nothing: not counted
+    assert env.probe("best=0; next=1") is None and env.probe("anything") is None
+    env.act(format_tool_call("compare", {"i": 0, "j": 1}))
     assert env.probe("best=0; next=1") and env.probe("<summary>Best: 0, next: 1</summary>")
-    assert not env.probe("best=0") and not env.probe("best=0; next=2")
+    assert not env.probe("best=0") and not env.probe("best=0; next=7")
     assert not env.probe("best=0; next=1; next=2")  # conflicting values
     assert env.probe("best=0; next=1; best = 0")    # repeated, consistent
     for summary in ("", "x" * 1_000_000, "best=99999999999999; next=-1", "\ud800 best=0"):
         assert env.probe(summary) is False
-    env.act(format_tool_call("compare", {"i": 0, "j": 1}))
     best01 = 0 if h[0] > h[1] else 1
     assert env.probe(f"best={best01}; next=2") and env.probe("best=0; next=1")  # one step back
     env.act(format_tool_call("compare", {"i": best01, "j": 2}))
@@ -255,6 +257,8 @@ def test_probe_is_exact():
     gt = make_tasks("fncall/graph", "train", 1, 0, size=8)[0]
     g.reset(gt)
     s = gt["source"]
+    assert g.probe(f"layer=0; todo=[{s}]; next_layer=[]; seen=[{s}]") is None   # no progress
+    g.act(format_tool_call("neighbors", {"node": s}))          # now one step back is fine
     assert g.probe(f"layer=0; todo=[{s}]; next_layer=[]; seen=[{s}]")
     assert g.probe(f"LAYER: 0, todo: [ {s} ], next_layer: [], seen: [{s}, {s}]")
     assert not g.probe(f"layer=0; todo=[{s}]; next_layer=[]; seen=[{s}, x]")
@@ -304,3 +308,37 @@ def test_expert_ignores_hidden_data_and_unknown_prompts():
                                                       "content": "Key abcd points to efgh."},
              {"role": "tool", "content": "Key efgh points to zzzz."}]
     assert '"answer": "zzzz"' in expert_for("fncall/chain").act(msgs)
+
+
+# ---- fncall/count: a task that cannot be gamed by stopping early --------------------------
+
+def test_count_family_needs_every_observation():
+    """The row's length is hidden (only the observations say where it ends) and the answer is
+    a count over all of it: answering after k looks is right only by chance."""
+    tasks = make_tasks("fncall/count", "train", 200, 0, size=(6, 16))
+    assert len({t["n"] for t in tasks}) == 11          # the number of calls needed varies
+    for k in (3, 5, 8):   # stop after k looks, before the row ends: the red count so far
+        early = [t for t in tasks if t["n"] > k]
+        right = sum(t["colours"][:k].count("red") == t["answer"] for t in early) / len(early)
+        assert right < 0.3, (k, right)
+    rng = random.Random(0)
+    for task in tasks[:20]:
+        assert full_context("fncall/count", task)[0] == 1.0
+        for kw in (dict(every=2), dict(every=1, show_dropped=True), dict(p_cut=0.5)):
+            reward, probes, _ = supo("fncall/count", task, rng, **kw)
+            assert reward == 1.0 and all(p is not False for p in probes), (task, kw)
+    env = make_env("fncall/count")
+    task = make_tasks("fncall/count", "eval", 1, 3, size=4)[0]
+    env.reset(task)
+    c = task["colours"]
+    assert env.act(format_tool_call("look", {"i": 3})).observation == \
+        f"Item 3 is {c[3]}. It is the last item."
+    r = env.act(format_tool_call("look", {"i": 4}))
+    assert "no item 4" in r.observation and "error" in r.info
+    assert "error" in env.act(format_tool_call("look", {"i": -1})).info
+    env.act(format_tool_call("look", {"i": 0}))
+    red0 = int(c[0] == "red")
+    assert env.probe(f"count={red0}; next=1; last=3")     # the end is known: item 3 was seen
+    assert not env.probe(f"count={red0}; next=1; last=-1")
+    assert not env.probe(f"count={red0 + 1}; next=1; last=3")
+    assert not env.probe(f"count={red0}; next=1")

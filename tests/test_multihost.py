@@ -1,11 +1,12 @@
 """Multi-host training verified on one machine: two JAX processes on localhost.
 
-Two `supo-jax train` processes (one CPU device each, a local coordinator through
-SUPO_JAX_COORDINATOR / SUPO_JAX_NUM_PROCESSES / SUPO_JAX_PROCESS_ID) share one global
-mesh: the tiny policy is sharded over both processes' devices, each process runs the
-rollouts of its own share of each step's tasks, and both take two train steps together.
-They must report the same losses, process 0 alone must write the logs, and the Orbax
-checkpoint written collectively must restore in a single process to the exported weights.
+Two `supo-jax train` processes (one CPU device each, JAX_PLATFORMS=cpu, a local
+coordinator through SUPO_JAX_COORDINATOR / SUPO_JAX_NUM_PROCESSES / SUPO_JAX_PROCESS_ID)
+share one global mesh: the tiny policy is sharded over both processes' devices, each
+process runs the rollouts of its own share of each step's tasks, and both take two train
+steps together. They must report the same losses, process 0 alone must write the logs,
+and the Orbax checkpoint written collectively must restore in a single process to the
+exported weights.
 """
 import ast
 import json
@@ -46,9 +47,12 @@ def two_process_run(tmp_path_factory):
         cmd += ["--set", s]
     procs = []
     for i in range(N):
+        # JAX_PLATFORMS=cpu also where the default platform is a GPU: two processes cannot
+        # each own the one GPU of a machine, and the CPU backend's collectives (gloo) are
+        # what this test checks
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   SUPO_JAX_COORDINATOR=f"localhost:{port}", SUPO_JAX_NUM_PROCESSES=str(N),
-                   SUPO_JAX_PROCESS_ID=str(i))
+                   JAX_PLATFORMS="cpu", SUPO_JAX_COORDINATOR=f"localhost:{port}",
+                   SUPO_JAX_NUM_PROCESSES=str(N), SUPO_JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []

@@ -1,4 +1,6 @@
 """Token in / token out: a segment's tokens equal the chat template's rendering."""
+import dataclasses
+
 import pytest
 
 from supo_jax.agent import context as C
@@ -86,11 +88,14 @@ def test_summary_segment_and_restart_render_like_template(fmt):
 def test_summarizer_can_see_dropped_pair(fmt):
     msgs = [{"role": "user", "content": "Go."}]
     st = C.initial_state(fmt, msgs, TOOLS)
-    cfg = C.ContextConfig(working_context=len(st.tokens) + 30, trigger_ratio=1.0,
-                          show_dropped_to_summarizer=True)
+    cfg = C.ContextConfig(trigger_ratio=1.0, show_dropped_to_summarizer=True, max_action_tokens=100,
+                          max_observation_tokens=60, max_summary_tokens=20)
+    cfg = dataclasses.replace(cfg, working_context=len(st.tokens) + 30 + cfg.reserve(fmt))
     a = '<tool_call>\n{"name": "look", "arguments": {"i": 1}}\n</tool_call>'
     while st.phase == "act":
         st = C.after_action(cfg, fmt, st, _act(fmt, a), "x" * 20, False)
     assert st.phase == "summarize"
-    assert len(st.tokens) >= cfg.trigger  # the overflowing pair is kept for the summarizer
+    assert len(st.tokens) >= cfg.limit(fmt)  # the overflowing pair is kept for the summarizer
     assert st.pending[:len(st.tokens)] == st.tokens
+    # the summary request + a full summary fit W
+    assert len(st.pending) + len(fmt.gen_prompt) + cfg.max_summary_tokens <= cfg.working_context

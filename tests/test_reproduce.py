@@ -22,17 +22,18 @@ def test_reproduce_cpu_quick(tmp_path):
     assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4"]
     for m in res["methods"]:
         assert m["seeds"] == [0] and m["success_rate"] is not None and m["before_success"] is not None
-    S = 3
+    from supo_jax.config import Config
+    W, S = Config().context.working_context, 3
     assert [s for s, _ in res["test_time_scaling"]] == [0, S, 2 * S, 4 * S]
     cfgs = {x["name"]: json.load(open(os.path.join(x["run_dir"], "config.json")))
             for x in res["runs"]}
     assert cfgs["grpo_w"]["context"]["manager"] == "full"
-    assert cfgs["grpo_w_s1"]["context"]["working_context"] == 400 * (S + 1)
+    assert cfgs["grpo_w_s1"]["context"]["working_context"] == W * (S + 1)
     assert cfgs["supo_no_mask"]["advantage"]["masked_reasons"] == []
     assert cfgs["supo_eq4"]["advantage"]["estimator"] == "trajectory_group"
     assert all(c["train"]["init_from"] == os.path.join(out, "sft") for c in cfgs.values())
     md = open(os.path.join(out, "results.md")).read()
-    assert "| method | working context | effective context |" in md and "GRPO (W=1600)" in md
+    assert "| method | working context | effective context |" in md and f"GRPO (W={W * (S + 1)})" in md
     for png in ("success_vs_step", "working_context", "summaries", "test_time_scaling",
                 "summary_state_share"):
         assert os.path.getsize(os.path.join(out, png + ".png")) > 1000

@@ -59,12 +59,31 @@ def test_reset_and_copy_prefix_reuse_cached_prompt(policy):
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, top_k=20),
                                 SamplingParams(1.3, top_p=0.8), GREEDY])
 def test_sampler_logprobs_equal_training_forward(policy, sp):
+    """The sampler's logprobs = the training forward's, under the distribution sampled from:
+    with top-k / top-p, renormalised over the kept tokens (numpy reference)."""
     rs = np.random.RandomState(2)
     prompts = [_ids(rs, n) for n in (4, 10, 7)]
     outs = generate(policy, prompts, 24, sampling=sp, seed=5)
     for p, o in zip(prompts, outs):
-        logits = policy.logits([p + o.tokens])[0, len(p) - 1:-1]
-        lp = np.asarray(token_logprobs(logits, np.array(o.tokens), sp.temperature))
+        logits = np.asarray(policy.logits([p + o.tokens])[0, len(p) - 1:-1], np.float64)
+        if sp.temperature:
+            logits = logits / sp.temperature
+        keep = np.ones_like(logits, bool)
+        if sp.top_k:
+            keep &= logits >= np.sort(logits, -1)[:, -sp.top_k][:, None]
+        if sp.top_p < 1.0:
+            srt = np.sort(logits, -1)[:, ::-1]
+            prob = np.exp(srt - srt.max(-1, keepdims=True))
+            prob /= prob.sum(-1, keepdims=True)
+            n_keep = np.sum(np.cumsum(prob, -1) - prob < sp.top_p, -1)
+            keep &= logits >= srt[np.arange(len(srt)), n_keep - 1][:, None]
+        z = np.where(keep, logits, -np.inf)
+        lp = (z - z.max(-1, keepdims=True)
+              - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+        lp = lp[np.arange(len(o.tokens)), o.tokens]
+        if not (sp.top_k or sp.top_p < 1.0):   # the jitted helper the trainer's convention uses
+            lp2 = np.asarray(token_logprobs(logits, np.array(o.tokens), 1.0))
+            np.testing.assert_allclose(lp2, lp, atol=1e-5)
         # 4e-4: the x12 weights make attention nearly hard, which amplifies float32
         # rounding between the decode program and the training forward (a convention
         # error, e.g. a missing temperature, is > 1e-2)

@@ -1,5 +1,5 @@
-"""Mesh sharding on 8 simulated CPU devices (conftest sets the XLA flag)."""
-import jax
+"""Mesh sharding on 8 simulated CPU devices (conftest sets the XLA flag; where the default
+platform is not the CPU, conftest runs these tests in a subprocess with JAX_PLATFORMS=cpu)."""
 import numpy as np
 import pytest
 from flax import nnx
@@ -9,7 +9,7 @@ from supo_jax.model.sharding import make_mesh
 from supo_jax.sampling.sampler import generate
 from tests.helpers import make_hf_model
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+pytestmark = pytest.mark.cpu_devices
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def test_positive_advantage_raises_likelihood():
     assert np.isfinite(float(m["grad_norm"])) and float(m["tokens"]) == batch.mask.sum()
 
 
-@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 simulated devices")
+@pytest.mark.cpu_devices   # 8 simulated CPU devices (see conftest)
 def test_sharded_train_step_matches_single_device():
     cfg = tiny_config("qwen2", vocab_size=97)
     batch = build_batch(_segments(), list(np.linspace(-1, 1, 8)), max_len=32, rows_multiple=8)
@@ -86,7 +86,7 @@ def test_sharded_train_step_matches_single_device():
 
 def test_recomputed_logprobs_equal_sampler_logprobs():
     """With unchanged weights, recomputing old logprobs gives the sampler's (PPO ratio = 1)."""
-    from supo_jax.rl.train_step import recompute_logprobs
+    from supo_jax.rl.train_step import LossConfig, recompute_logprobs
     from supo_jax.sampling.sampler import SamplingParams, generate
 
     pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=2)
@@ -96,5 +96,5 @@ def test_recomputed_logprobs_equal_sampler_logprobs():
                     (0.0,) * len(p) + tuple(o.logprobs)) for p, o in zip(prompts, outs)]
     batch = build_batch(segs, [1.0, 1.0], max_len=32)
     graphdef, params = pol.split()
-    lp = np.asarray(recompute_logprobs(graphdef, params, batch, 0.8))
+    lp = np.asarray(recompute_logprobs(graphdef, params, batch, LossConfig(temperature=0.8)))
     np.testing.assert_allclose(lp * batch.mask, batch.old_logp * batch.mask, atol=1e-4)

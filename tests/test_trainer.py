@@ -19,7 +19,36 @@ CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 SETS = ["train.steps=4", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05"]
 
 
-ENV = dict(os.environ, XLA_FLAGS="")   # one CPU device: the fastest trainer runs
+# XLA GPU flags that make the trainer's runs repeat to the bit in another process (see _env)
+DETERMINISTIC_GPU_FLAGS = ("--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0 "
+                           "--xla_gpu_enable_triton_gemm=false")
+
+
+def _env() -> dict:
+    """The trainer subprocesses' environment: one device, the fastest trainer runs (on the
+    CPU: no simulated devices).
+
+    Where the default platform is a GPU the runs use it, and exact resume
+    (test_kill_9_and_rerun_resumes_exactly compares the metrics of a straight run with those
+    of a killed and a resumed process, float for float) needs XLA's GPU programs to repeat
+    to the bit across processes. By default they need not: scatter-adds (the embedding
+    gradient) accumulate with atomics in whatever order the threads arrive, and the
+    autotuner times candidate kernels afresh in each process and may pick another,
+    numerically different one in the resumed process than in the straight run.
+    --xla_gpu_deterministic_ops=true selects deterministic implementations (XLA's flag
+    for run-to-run determinism; `--xla_gpu_exclude_nondeterministic_ops` is the narrower
+    one); --xla_gpu_autotune_level=0 turns autotuning off, so that every process takes the
+    same default kernels; --xla_gpu_enable_triton_gemm=false sends matmuls to cuBLAS: with
+    deterministic ops, XLA has been seen to find no Triton GEMM configuration for some
+    fusions ("Failed to get configs"). All three flags are in jaxlib 0.10.2 and 0.11.2
+    (an unknown flag would abort every run). The CPU backend is deterministic already:
+    its runs get no flags, as before.
+    """
+    flags = DETERMINISTIC_GPU_FLAGS if jax.default_backend() == "gpu" else ""
+    return dict(os.environ, XLA_FLAGS=flags)
+
+
+ENV = _env()
 
 
 def _cmd(run_dir, *extra):

@@ -1,5 +1,5 @@
 """The CPU-scale reproduction (experiments/reproduce_cpu.py): the embedded default task
-(fncall/tallest, 5-9 people: 4-8 comparisons whose history overflows W = 400 tokens, so the
+(fncall/tallest, 5-9 people: 4-8 comparisons whose history overflows W = 446 tokens, so the
 agent must summarize), with imperfect demonstration summaries and a larger eval split."""
 import dataclasses
 

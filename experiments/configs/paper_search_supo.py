@@ -8,7 +8,7 @@ from supo_jax.config import (Config, EnvSection, ModelSection, OptimSection, Rol
 
 def config() -> Config:
     return Config(
-        model=ModelSection(path="", dtype="float32", compute_dtype="bfloat16", remat=True),
+        model=ModelSection(path="", dtype="float32", compute_dtype="bfloat16", remat="full"),
         env=EnvSection(name="search", knobs={"corpus_size": 100_000, "hops": [3, 6]},
                        train_tasks=4096, eval_tasks=128),
         context=ContextConfig(manager="supo", working_context=65536, max_summaries=2,

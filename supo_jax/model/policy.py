@@ -139,11 +139,12 @@ _PROBE = ("Person 12 is taller than person 3.\n\n<tool_call>{\"i\": 2048}</tool_
 
 
 def new_policy(cfg: ModelConfig, *, dtype="float32", compute_dtype=None, mesh=None, seed=0,
-               tokenizer=None, remat=False) -> Policy:
-    """A randomly initialised policy (tests, benchmarks), sharded over `mesh` if given."""
+               tokenizer=None, **options) -> Policy:
+    """A randomly initialised policy (tests, benchmarks), sharded over `mesh` if given.
+    options: the Decoder's remat / attention / precision (all "auto" by default)."""
     pdt = _dtype(dtype)
     cdt = _dtype(compute_dtype) or pdt
-    model = Decoder(cfg, param_dtype=pdt, dtype=cdt, remat=remat, rngs=nnx.Rngs(seed))
+    model = Decoder(cfg, param_dtype=pdt, dtype=cdt, rngs=nnx.Rngs(seed), **options)
     if mesh is not None:
         shard_model(model, mesh)
     return Policy(model, tokenizer, mesh)
@@ -163,12 +164,13 @@ def shard_model(model: Decoder, mesh) -> None:
 
 
 def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
-                tokenizer=True, remat=False) -> Policy:
+                tokenizer=True, **options) -> Policy:
     """Load an HF model directory (safetensors, single or sharded) or a .gguf file.
 
     dtype: parameter dtype ("float32" | "bfloat16"); compute_dtype defaults to it.
     mesh: a jax.sharding.Mesh (see supo_jax.make_mesh); parameters are created
     directly on their shards.
+    options: the Decoder's remat / attention / precision (supo_jax.model.decoder.Decoder).
     """
     path = os.fspath(path)
     pdt = _dtype(dtype)
@@ -183,8 +185,8 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
         tok = load_tokenizer(path) if tokenizer and _has_tokenizer(path) else None
     else:
         raise FileNotFoundError(f"model path {path!r} is neither a model directory nor a .gguf file")
-    abstract = nnx.eval_shape(lambda: Decoder(cfg, param_dtype=pdt, dtype=cdt, remat=remat,
-                                              rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, param_dtype=pdt, dtype=cdt, rngs=nnx.Rngs(0),
+                                              **options))
     graphdef, state = nnx.split(abstract)
     state = build_params(cfg, state, source, pdt, mesh)
     return Policy(nnx.merge(graphdef, state), tok, mesh)

@@ -23,7 +23,6 @@ from flax import nnx
 
 from supo_jax.rl.algo import ADVANTAGES, aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
-from supo_jax.sampling.sampler import token_logprobs
 
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
 
@@ -39,12 +38,16 @@ class LossConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     temperature: float = 1.0     # the sampler's temperature (the trainer sets it from rollout.temperature)
+    logit_chunk: int = 8192      # tokens per LM-head chunk (Decoder.score: no [B, T, V] tensor;
+                                 # larger chunks run faster on a GPU, see BENCHMARKS.md)
 
     def __post_init__(self):
         if self.objective not in ("ppo", "sft"):
             raise ValueError(f"loss.objective={self.objective!r}: ppo or sft")
         if self.aggregation not in ("token-mean", "sequence-mean"):
             raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
+        if self.logit_chunk < 1:
+            raise ValueError(f"loss.logit_chunk={self.logit_chunk}: must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,23 +102,22 @@ def make_optimizer(lr: float = 1e-6, *, schedule: str = "constant", warmup_steps
                        optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay))
 
 
+def _score(graphdef, params, mb: TrainBatch, cfg: LossConfig, entropy_grad: bool = False):
+    """(log p(targets), entropy) [R, T] of the microbatch under `params` (Decoder.score)."""
+    return nnx.merge(graphdef, params).score(
+        mb.inputs, mb.positions, mb.targets, segment_ids=mb.segment_ids,
+        temperature=cfg.temperature, chunk=cfg.logit_chunk, entropy_grad=entropy_grad)
+
+
 def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=None):
-    model = nnx.merge(graphdef, params)
-    logits, _ = model(mb.inputs, mb.positions, segment_ids=mb.segment_ids)
-    logp = token_logprobs(logits, mb.targets, cfg.temperature)
-    lp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / (cfg.temperature or 1.0), -1)
-    entropy = -jnp.sum(jnp.exp(lp_all) * lp_all, -1)
-    if not cfg.entropy_coef:
-        entropy = jax.lax.stop_gradient(entropy)   # reported only
+    logp, entropy = _score(graphdef, params, mb, cfg, entropy_grad=bool(cfg.entropy_coef))
     if cfg.objective == "sft":
         mask = mb.mask.astype(jnp.float32)
         n = jnp.maximum(mask.sum(), 1.0)
         return -jnp.sum(logp * mask) / norm, {"entropy": jnp.sum(entropy * mask) / n}
     ref = None
     if cfg.kl_coef:
-        ref_logits, _ = nnx.merge(graphdef, ref_params)(mb.inputs, mb.positions,
-                                                        segment_ids=mb.segment_ids)
-        ref = jax.lax.stop_gradient(token_logprobs(ref_logits, mb.targets, cfg.temperature))
+        ref = jax.lax.stop_gradient(_score(graphdef, ref_params, mb, cfg)[0])
     return policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, eps_low=cfg.eps_low,
                        eps_high=cfg.eps_high, aggregation=cfg.aggregation, ref_logp=ref,
                        kl_coef=cfg.kl_coef, entropy=entropy, entropy_coef=cfg.entropy_coef,
@@ -146,13 +148,11 @@ def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: 
     return loss, metrics, grads
 
 
-@partial(jax.jit, static_argnames=("graphdef", "temperature"))
-def recompute_logprobs(graphdef, params, batch: TrainBatch, temperature: float = 1.0):
+@partial(jax.jit, static_argnames=("graphdef", "cfg"))
+def recompute_logprobs(graphdef, params, batch: TrainBatch, cfg: LossConfig = LossConfig()):
     """Logprobs of the batch's targets under `params` (old logprobs recomputed by the trainer
-    instead of taken from the sampler)."""
-    logits, _ = nnx.merge(graphdef, params)(batch.inputs, batch.positions,
-                                            segment_ids=batch.segment_ids)
-    return token_logprobs(logits, batch.targets, temperature) * (batch.mask > 0)
+    instead of taken from the sampler), at cfg.temperature."""
+    return _score(graphdef, params, batch, cfg)[0] * (batch.mask > 0)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))

@@ -100,7 +100,7 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
     path = cfg.train.init_from or m.path
     if path:
         return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
-                           remat=m.remat)
+                           **m.decoder_options())
     from supo_jax.model.policy import load_tokenizer
     from supo_jax.model.tiny import tiny_config, tiny_tokenizer
 
@@ -118,7 +118,7 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
                      heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
     return new_policy(mc, dtype=m.dtype, compute_dtype=m.compute_dtype or None, mesh=mesh,
-                      seed=cfg.train.seed, tokenizer=tok, remat=m.remat)
+                      seed=cfg.train.seed, tokenizer=tok, **m.decoder_options())
 
 
 def model_signature(policy: Policy) -> dict:
@@ -310,6 +310,29 @@ def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None
             json.dump({"model_fingerprint": fp, "model": sig}, f, indent=2)
 
 
+def check_resume_config(run_dir: str, cfg: C.Config, steps) -> None:
+    """A run directory holding checkpoints resumes only with the settings that produced them
+    (C.RESUMABLE_KEYS may change): otherwise a ConfigError lists the differences and the two
+    ways on. With train.accept_config_change the saved config is kept as config.step<N>.json."""
+    fn = os.path.join(run_dir, "config.json")
+    if not steps or not os.path.exists(fn):
+        return
+    with open(fn) as f:
+        saved = json.load(f)
+    changes = C.config_changes(saved, cfg)
+    if not changes:
+        return
+    if not cfg.train.accept_config_change:
+        raise C.ConfigError(
+            f"{run_dir} holds a run (checkpoint step {max(steps)}) made with other settings:\n  "
+            + "\n  ".join(changes) + "\nstart a new run with another train.run_dir, or continue "
+            "this one with the new settings: --set train.accept_config_change=true")
+    if _is_main():
+        os.replace(fn, os.path.join(run_dir, f"config.step{max(steps)}.json"))
+        print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
+              f"config is kept as config.step{max(steps)}.json")
+
+
 def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
     """SFT on demonstrations (scripted experts by default). Returns a small report."""
     from supo_jax.envs import make_tasks
@@ -389,6 +412,8 @@ def train(cfg: C.Config) -> dict:
     check_prompt_fits(cfg, fmt)
     fp = model_fingerprint(policy)
     check_run_dir(run_dir, policy, record=True)
+    ckpts = RunCheckpoints(os.path.join(run_dir, "checkpoints"), keep=cfg.train.keep)
+    check_resume_config(run_dir, cfg, ckpts.steps())
     if _is_main():
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(C.to_dict(cfg), f, indent=2, default=str)
@@ -399,7 +424,6 @@ def train(cfg: C.Config) -> dict:
                         clip_norm=o.clip_norm)
     graphdef, params = policy.split()
     opt_state = init_opt_state(tx, params, mesh)
-    ckpts = RunCheckpoints(os.path.join(run_dir, "checkpoints"), keep=cfg.train.keep)
     restored = ckpts.restore_latest(params, opt_state)
     report: dict = {}
     if restored is not None:
@@ -453,7 +477,7 @@ def train(cfg: C.Config) -> dict:
                                 pack=o.pack)
             if o.recompute_old_logprobs:
                 batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(
-                    graphdef, params, place_batch(batch, mesh), loss_cfg.temperature)))
+                    graphdef, params, place_batch(batch, mesh), loss_cfg)))
             rng = np.random.default_rng(hash_seed(cfg.train.seed, step) + 1)
             ms = []
             for _ in range(o.ppo_epochs):
@@ -534,7 +558,8 @@ def summary_table(history: list[dict], final: dict | None = None,
                   before: dict | None = None) -> str:
     """A terminal table: the eval before training, the first / last step, the final eval."""
     keys = ["success_rate", "reward_mean", "loss", "p_summary", "summaries_mean", "tool_calls_mean",
-            "working_context_mean", "working_context_max", "overlong_rate", "summary_state_share",
+            "working_context_mean", "working_context_max", "effective_context_mean",
+            "overlong_rate", "summary_state_share",
             "rollout_seconds", "update_seconds"]
     if not history:
         return "(no steps run)"

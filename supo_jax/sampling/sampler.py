@@ -10,10 +10,13 @@ Pure functions at the core:
 Every sampled token (stop tokens included) is written to the cache, so the next
 turn's prefill continues exactly from what the policy saw.
 
-Log-probability convention (the PPO ratio depends on it): the sampler returns
-log softmax(logits / T)[token] for temperature T > 0 and log softmax(logits)[token]
-for greedy (T = 0), computed *before* top-k / top-p truncation;
-`token_logprobs` computes the same quantity from a training forward pass.
+Log-probability convention (the PPO ratio depends on it): the sampler returns the
+log-probability of each token under the distribution it was drawn from:
+log softmax(logits / T)[token] for temperature T > 0, renormalised over the tokens
+top-k / top-p keep, and log softmax(logits)[token] for greedy (T = 0).
+`token_logprobs` computes the untruncated quantity from a training forward pass, so RL
+refuses top-k / top-p (config.validate): with them on, the ratio would not be the
+behaviour policy's.
 
 `Sampler` is the stateful host edge: it owns the cache for a fixed number of
 rows, buckets shapes (prefill length and decode steps: powers of two; attention
@@ -67,10 +70,13 @@ def token_logprobs(logits, tokens, temperature: float = 1.0):
 
 
 def _sample(rng, logits, sp: SamplingParams):
-    """One token per row from logits [B, V] under temperature / top-k / top-p."""
+    """One token per row from logits [B, V] under temperature / top-k / top-p, and its
+    log-probability under the distribution it was drawn from (after truncation; greedy:
+    log softmax(logits))."""
     logits = logits.astype(jnp.float32)
     if sp.temperature == 0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return tok, token_logprobs(logits, tok, 0.0)
     logits = logits / sp.temperature
     if sp.top_k:
         kth = jax.lax.top_k(logits, sp.top_k)[0][:, -1:]
@@ -82,7 +88,8 @@ def _sample(rng, logits, sp: SamplingParams):
         cutoff_idx = jnp.sum(cum - jax.nn.softmax(sorted_logits, axis=-1) < sp.top_p, axis=-1) - 1
         cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx[:, None], axis=-1)
         logits = jnp.where(logits < cutoff, -jnp.inf, logits)
-    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+    tok = jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+    return tok, token_logprobs(logits, tok, 1.0)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
@@ -127,7 +134,6 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     """
     model = nnx.merge(graphdef, params)
     b = last_logits.shape[0]
-    temp = sp.temperature
     if not unroll_layers:
         layers = None
     elif layers is None:
@@ -143,8 +149,7 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
 
     def body(s):
         step, cache, logits, toks, lps, done, counts = s
-        tok = _sample(jax.random.fold_in(rng, step0 + step), logits, sp)
-        lp = token_logprobs(logits, tok, temp)
+        tok, lp = _sample(jax.random.fold_in(rng, step0 + step), logits, sp)
         live = ~done
         toks = toks.at[:, step].set(jnp.where(live, tok, 0))
         lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
@@ -219,8 +224,10 @@ class Sampler:
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
-        # decode's layers: unrolled over per-layer weights on CPU (Decoder.layer_weights)
-        self.unroll_layers = (jax.default_backend() == "cpu" if unroll_layers is None
+        # decode's layers: unrolled over per-layer weights on CPU and GPU (Decoder.layer_weights:
+        # the layer scan copies each layer's slice of the weights and cache at every step; see
+        # BENCHMARKS.md); TPU keeps the scan (its slices are cheap, the weights' copy is not)
+        self.unroll_layers = (jax.default_backend() in ("cpu", "gpu") if unroll_layers is None
                               else bool(unroll_layers))
         cfg = policy.config
         dt = cache_dtype or policy.model.dtype

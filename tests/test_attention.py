@@ -1,0 +1,208 @@
+"""Attention implementations, the chunked LM head and remat against the plain computation:
+values and gradients, with causal masking, packed segments, GQA and padding."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from supo_jax.model.attention import (_mask, blockwise_attention, causal_attention, resolve,
+                                      splash_attention, xla_attention)
+from supo_jax.model.decoder import Decoder, chunked_logprobs
+from supo_jax.model.tiny import tiny_config
+from flax import nnx
+
+
+@pytest.fixture(autouse=True)
+def _true_float32():
+    """Reference comparisons in float32: XLA's default on GPU (TF32) and TPU (one bf16 pass)
+    would differ from the plain computation by ~1e-3, whatever the implementation."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def _inputs(b, t, h, kh, d, s=None, seed=0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    s = s or t
+    return (jax.random.normal(ks[0], (b, t, h, d)), jax.random.normal(ks[1], (b, kh, s, d)),
+            jax.random.normal(ks[2], (b, kh, s, d)), jax.random.normal(ks[3], (b, t, h, d)))
+
+
+def _packed_segments(b, t):
+    """Row 0: two segments then padding (0); row 1: one segment then padding."""
+    seg = np.ones((b, t), np.int32)
+    seg[0, t // 3: 2 * t // 3] = 2
+    seg[0, 2 * t // 3 + 5:] = 0
+    seg[1, t - 9:] = 0
+    return jnp.asarray(seg)
+
+
+def _value_and_grads(fn, q, k, v, w):
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+    return fn(q, k, v), jax.grad(loss, (0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize("heads,kv_heads,segments,bq,bk", [
+    (4, 2, True, 64, 32),      # GQA, packed segments + padding, blocks not dividing T
+    (4, 4, False, 48, 64),     # MHA, plain causal
+    (6, 1, True, 200, 200),    # MQA, one block
+])
+def test_blockwise_equals_plain_values_and_grads(heads, kv_heads, segments, bq, bk):
+    b, t, d = 2, 200, 16
+    q, k, v, w = _inputs(b, t, heads, kv_heads, d)
+    qi = jnp.broadcast_to(jnp.arange(t), (b, t))
+    seg = _packed_segments(b, t) if segments else None
+    ref_o, ref_g = _value_and_grads(lambda q, k, v: xla_attention(q, k, v, _mask(qi, t, seg)),
+                                    q, k, v, w)
+    out, g = _value_and_grads(lambda q, k, v: blockwise_attention(q, k, v, qi, seg, block_q=bq,
+                                                                  block_k=bk), q, k, v, w)
+    np.testing.assert_allclose(out, ref_o, atol=2e-6)
+    for a, r in zip(g, ref_g):
+        np.testing.assert_allclose(a, r, atol=2e-5 * float(jnp.abs(r).max()))
+
+
+def test_blockwise_prefill_into_longer_cache():
+    """Queries at cache positions (ragged rows) over a longer cache, as prefill calls it."""
+    b, t, s = 2, 100, 300
+    q, k, v, _ = _inputs(b, t, 4, 2, 16, s=s)
+    pos = jnp.stack([jnp.arange(t) + 50, jnp.arange(t) + 3])
+    np.testing.assert_allclose(blockwise_attention(q, k, v, pos, block_q=32, block_k=64),
+                               xla_attention(q, k, v, _mask(pos, s, None)), atol=2e-6)
+
+
+def test_blockwise_bfloat16_close_to_float32():
+    b, t = 1, 256
+    q, k, v, _ = _inputs(b, t, 4, 2, 32)
+    qi = jnp.broadcast_to(jnp.arange(t), (b, t))
+    ref = xla_attention(q, k, v, _mask(qi, t, None))
+    low = blockwise_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), qi, block_q=64,
+                              block_k=64)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=0.05)
+
+
+def test_splash_interpreted_equals_plain():
+    """The TPU splash kernel (Pallas interpreter on CPU) through the same interface:
+    packed segments, GQA; values and gradients."""
+    b, t = 2, 128
+    q, k, v, w = _inputs(b, t, 4, 2, 16)
+    qi = jnp.broadcast_to(jnp.arange(t), (b, t))
+    seg = _packed_segments(b, t)
+    ref_o, ref_g = _value_and_grads(lambda q, k, v: xla_attention(q, k, v, _mask(qi, t, seg)),
+                                    q, k, v, w)
+    out, g = _value_and_grads(lambda q, k, v: splash_attention(q, k, v, seg, interpret=True,
+                                                               block=128), q, k, v, w)
+    np.testing.assert_allclose(out, ref_o, atol=2e-5)
+    for a, r in zip(g, ref_g):
+        np.testing.assert_allclose(a, r, atol=2e-4 * float(jnp.abs(r).max()))
+
+
+def test_resolve_by_backend_and_errors():
+    assert resolve("auto", jnp.float32, 512, "cpu") == "xla"
+    assert resolve("auto", jnp.float32, 4096, "cpu") == "blockwise"
+    assert resolve("auto", jnp.bfloat16, 4096, "gpu") == "cudnn"
+    assert resolve("auto", jnp.float32, 4096, "gpu") == "blockwise"
+    assert resolve("auto", jnp.bfloat16, 64, "tpu") == "splash"
+    with pytest.raises(ValueError, match="cudnn needs a bfloat16"):
+        resolve("cudnn", jnp.float32, 64, "gpu")
+    with pytest.raises(ValueError, match="model.attention='flash'"):
+        resolve("flash", jnp.float32, 64)
+
+
+def test_chunked_logprobs_equal_full_softmax():
+    """Chunks that do not divide B*T, temperature, and the gradients of logp and entropy."""
+    b, t, e, vocab = 3, 7, 8, 50
+    ks = jax.random.split(jax.random.PRNGKey(1), 3)
+    x = jax.random.normal(ks[0], (b, t, e))
+    head = jax.random.normal(ks[1], (e, vocab))
+    y = jax.random.randint(ks[2], (b, t), 0, vocab)
+
+    def full(x, head):
+        lp = jax.nn.log_softmax(x @ head / 0.7, -1)
+        return (jnp.take_along_axis(lp, y[..., None], -1)[..., 0],
+                -jnp.sum(jnp.exp(lp) * lp, -1))
+
+    logp, ent = chunked_logprobs(x, head, y, 0.7, chunk=4, entropy_grad=True)
+    rlogp, rent = full(x, head)
+    np.testing.assert_allclose(logp, rlogp, atol=1e-5)
+    np.testing.assert_allclose(ent, rent, atol=1e-5)
+    for which in (0, 1):
+        g = jax.grad(lambda x, h: chunked_logprobs(x, h, y, 0.7, chunk=4, entropy_grad=True)
+                     [which].sum(), (0, 1))(x, head)
+        rg = jax.grad(lambda x, h: full(x, h)[which].sum(), (0, 1))(x, head)
+        for a, r in zip(g, rg):
+            np.testing.assert_allclose(a, r, atol=1e-4)
+    # reported entropy carries no gradient
+    g = jax.grad(lambda h: chunked_logprobs(x, h, y, 0.7, chunk=4)[1].sum())(head)
+    assert float(jnp.abs(g).max()) == 0.0
+
+
+@pytest.mark.parametrize("attention,remat", [("blockwise", "full"), ("blockwise", "dots"),
+                                             ("splash", "none")])
+def test_decoder_score_matches_plain_logits(attention, remat):
+    """Decoder.score with another attention / remat = log_softmax of the plain forward's logits,
+    values and parameter gradients, on a packed batch."""
+    cfg = tiny_config("qwen2", vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64)
+    b, t = 2, 128
+    ref = Decoder(cfg, attention="xla", remat="none", rngs=nnx.Rngs(3))
+    other = Decoder(cfg, attention=attention, remat=remat, rngs=nnx.Rngs(3))
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t), 0, 64)
+    targets = jnp.roll(tokens, -1, axis=1)
+    seg = _packed_segments(b, t)
+    pos = jnp.asarray(np.concatenate([np.arange(t)[None]] * b))
+
+    def loss(model):
+        logp, ent = model.score(tokens, pos, targets, segment_ids=seg, chunk=48)
+        return jnp.sum(logp * (seg > 0)), (logp, ent)
+
+    (l1, (lp1, e1)), g1 = nnx.value_and_grad(loss, has_aux=True)(ref)
+    (l2, (lp2, e2)), g2 = nnx.value_and_grad(loss, has_aux=True)(other)
+    logits, _ = ref(tokens, pos, segment_ids=seg)
+    full = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(lp1, full, atol=2e-5)
+    np.testing.assert_allclose(lp2, lp1, atol=5e-5)
+    np.testing.assert_allclose(e2, e1, atol=5e-5)
+    for a, r in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, r, atol=1e-4 * max(1.0, float(jnp.abs(r).max())))
+
+
+def test_remat_auto_by_size_and_bad_options():
+    cfg = tiny_config("qwen2", vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, mlp=64)
+    m = Decoder(cfg, remat="auto")
+    assert m.remat_mode(1024) == "none"
+    assert m.remat_mode(10 ** 9) == "full"
+    assert Decoder(cfg, remat=True).remat == "full"
+    with pytest.raises(ValueError, match="model.remat='some'"):
+        Decoder(cfg, remat="some")
+    with pytest.raises(ValueError, match="model.precision='max'"):
+        Decoder(cfg, precision="max")
+    assert Decoder(cfg, precision="highest").matmul_precision() == jax.lax.Precision.HIGHEST
+    # float32 compute: true float32 on accelerators, XLA's default on the host (where it is
+    # float32 already: identical CPU programs)
+    expect = None if jax.default_backend() == "cpu" else jax.lax.Precision.HIGHEST
+    assert Decoder(cfg).matmul_precision() == expect
+    assert Decoder(cfg, dtype=jnp.bfloat16).matmul_precision() is None
+
+
+def test_config_names_a_bad_model_option():
+    from supo_jax.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="model.attention='flash'"):
+        load_config(None, ["model.attention=flash"])
+    with pytest.raises(ConfigError, match="model.remat"):
+        load_config(None, ["model.remat=always"])
+
+
+def test_train_step_memory_linear_in_row_length():
+    """XLA's compiled memory of a train step (blockwise attention, chunked LM head, full remat)
+    grows linearly with T and stays below one [T, V] float32 tensor; the plain path's does not."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from train_memory import step_memory
+
+    kw = dict(layers=2, hidden=64, vocab=8192, chunk=512)
+    cur = [step_memory(t, "full", **kw) for t in (2048, 4096)]
+    growth = (cur[1]["total_bytes"] / cur[0]["total_bytes"]) / 2
+    assert growth <= 1.3, growth
+    assert all(r["total_bytes"] < r["logits_bytes"] for r in cur), cur
+    plain = [step_memory(t, "plain", **kw) for t in (1024, 2048)]
+    assert plain[1]["total_bytes"] / plain[0]["total_bytes"] > 3.0, plain   # T^2 scores
