@@ -91,7 +91,7 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
            f"Task: {meta['task']}. SFT warm start: {sft.get('sft_segments')} demonstration rows, "
            f"loss {sft.get('sft_loss_first', float('nan')):.2f} -> "
            f"{sft.get('sft_loss_last', float('nan')):.2f}.", "",
-           f"Held-out success ({meta['eval']}), mean ± std over seeds; before = the SFT "
+           f"Held-out success ({meta['eval']}), mean ± standard error over seeds; before = the SFT "
            "policy under each method's context manager.", "", *lines, "",
            "Test-time summary scaling (the SUPO policy, trained with S = "
            f"{S}):", "", "| max summaries at eval | success (%) |", "|---|---|"]
@@ -104,8 +104,6 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
 
 
 def main(argv=None) -> int:
-    import numpy as np
-
     from supo_jax import config as C
     from supo_jax import sweep
 
@@ -132,14 +130,14 @@ def main(argv=None) -> int:
     for r in rows:
         vals = [x["eval_before"].get("success_rate") for x in results if x["name"] == r["name"]]
         vals = [v for v in vals if isinstance(v, (int, float))]
-        r["before_success"] = (float(np.mean(vals)), float(np.std(vals))) if vals else None
+        r["before_success"] = sweep.mean_se(vals) if vals else None
     # test-time scaling of the SUPO policy
     caps = {}
     for run in (r for r in runs if r.name == "supo"):
         with open(os.path.join(run.run_dir, "eval.json")) as f:
             for e in json.load(f)["eval_scaling"]:
                 caps.setdefault(e["max_summaries"], []).append(e["success_rate"])
-    scaling = [(s, (float(np.mean(v)), float(np.std(v)))) for s, v in sorted(caps.items())]
+    scaling = [(s, sweep.mean_se(v)) for s, v in sorted(caps.items())]
 
     labels = {m[0]: m[1] for m in ms}
     series = {labels[n]: [r.run_dir for r in runs if r.name == n] for n in labels}

@@ -143,28 +143,26 @@ def _cmd_sft(args) -> None:
 
 
 def _cmd_rollout(args) -> None:
-    from supo_jax.agent.context import ContextConfig
     from supo_jax.agent.render import ChatFormat
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
-    from supo_jax.config import apply_overrides, load_config
+    from supo_jax.config import load_config
     from supo_jax.envs import make_env, make_tasks
-    from supo_jax.envs.experts import expert_for
+    from supo_jax.envs.experts import expert_for, has_expert
     from supo_jax.rl.trainer import check_prompt_fits
 
-    base = load_config(args.config)
-    sets = [f"env.name={args.env}", f"context.manager={args.context}"]
-    if base.env.name != args.env:   # task knobs belong to the config's own environment
-        sets += ["env.knobs={}", "env.eval_knobs={}"]
-    sets += args.set or []
+    # env.name first: task knobs belong to the config's own environment (apply_overrides)
+    sets = [f"env.name={args.env}", f"context.manager={args.context}", *(args.set or [])]
     if args.policy != "scripted":
         sets.append(f"model.path={args.policy}")
     cfg = load_config(args.config, sets)
+    if args.policy == "scripted" and not has_expert(cfg.env.name):
+        raise ValueError(f"--policy scripted: environment {cfg.env.name!r} has no scripted expert "
+                         "(register one with supo_jax.envs.experts.register_expert, or pass "
+                         "--policy PATH to roll out a model)")
     tasks = make_tasks(cfg.env.name, args.split, args.num, seed=cfg.env.seed, **cfg.env.knobs)
     if args.policy == "scripted":
-        from supo_jax.model.tiny import tiny_tokenizer
-        from supo_jax.rl.trainer import _env_corpus
-        fmt = ChatFormat(tiny_tokenizer(extra_corpus=_env_corpus(cfg),
-                                        template=cfg.model.tiny_template))
+        from supo_jax.rl.trainer import env_tokenizer
+        fmt = ChatFormat(env_tokenizer(cfg))   # the tokenizer a tiny policy of this config has
         check_prompt_fits(cfg, fmt, args.split)
         ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
                           lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,

@@ -18,7 +18,7 @@ import typing
 from typing import Any, Sequence
 
 from supo_jax.agent.context import ContextConfig
-from supo_jax.agent.templates import SHORT_SUMMARY_INSTRUCTION
+from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
 from supo_jax.rl.train_step import AdvantageConfig, LossConfig
 
 
@@ -218,12 +218,25 @@ def _parse_value(text: str):
 
 
 def apply_overrides(cfg, overrides: Sequence[str]):
-    """Return cfg with `a.b=value` overrides applied (dict fields accept a.b.key=value)."""
+    """Return cfg with `a.b=value` overrides applied (dict fields accept a.b.key=value).
+
+    Task knobs belong to the environment they were written for: overriding env.name to
+    another environment clears env.knobs and env.eval_knobs unless the overrides set them too.
+    """
+    parsed = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, text = item.split("=", 1)
-        cfg = _set(cfg, key.strip().split("."), _parse_value(text.strip()), key.strip())
+        parsed.append((key.strip(), _parse_value(text.strip())))
+    start = cfg.env.name if isinstance(cfg, Config) else None
+    for key, value in parsed:
+        cfg = _set(cfg, key.split("."), value, key)
+    if start is not None and cfg.env.name != start:   # only the knobs set here stay
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, knobs={}, eval_knobs={}))
+        for key, value in parsed:
+            if key.split(".")[:2] in (["env", "knobs"], ["env", "eval_knobs"]):
+                cfg = _set(cfg, key.split("."), value, key)
     return validate(cfg)
 
 
@@ -259,15 +272,30 @@ def _set(obj, path, value, full):
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks that single sections cannot do."""
+    if cfg.env.imports and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())   # env.imports finds modules in the working directory
     for mod in cfg.env.imports:
         try:
             importlib.import_module(mod)
         except ImportError as e:
-            raise ConfigError(f"env.imports: cannot import {mod!r} ({e})") from None
+            raise ConfigError(f"env.imports: cannot import {mod!r} ({e}; modules are looked up "
+                              "from the working directory and sys.path)") from None
     from supo_jax.envs import list_envs
     if cfg.env.name not in list_envs():
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())})")
+    _check_knobs(cfg.env)
+    warm = cfg.train.sft_warm_start and not (cfg.train.init_from or cfg.model.path)
+    if warm and cfg.sft.demos == "expert":
+        from supo_jax.envs.experts import has_expert
+        if not has_expert(cfg.env.name):
+            raise ConfigError(
+                f"sft.demos=expert: environment {cfg.env.name!r} has no scripted expert; give "
+                "demonstrations as a JSONL of chat messages (sft.demos=PATH), register an expert "
+                "(supo_jax.envs.experts), or train without SFT (train.sft_warm_start=false, for "
+                "a pretrained model: model.path=...)")
+    elif warm and not os.path.isfile(cfg.sft.demos):
+        raise ConfigError(f"sft.demos={cfg.sft.demos!r}: no such file ('expert' or a JSONL path)")
     if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
         raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
     if cfg.optim.minibatch_rows % cfg.optim.micro:
@@ -293,6 +321,26 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"model.{key}={getattr(cfg.model, key)!r} is not one of "
                               f"{', '.join(allowed)}")
     return cfg
+
+
+def _check_knobs(env: EnvSection) -> None:
+    """Every knob is a parameter of the environment's task generator (named if not)."""
+    import inspect
+
+    from supo_jax.envs.base import task_generator
+    gen = task_generator(env.name)
+    if gen is None:
+        return
+    params = inspect.signature(gen).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [n for n, p in params.items() if n not in ("split", "n", "seed") and n[0] != "_"
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for field in ("knobs", "eval_knobs"):
+        for k in getattr(env, field):
+            if k not in takes:
+                raise ConfigError(f"env.{field}.{k}: the task generator of {env.name!r} takes no "
+                                  f"knob {k!r} (it takes: {', '.join(takes) or 'none'})")
 
 
 def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:

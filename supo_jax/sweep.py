@@ -151,8 +151,8 @@ def _scalars(d: dict) -> dict:
 
 
 def collect(runs: Sequence[Run]) -> list[dict]:
-    """One row per grid point: mean and standard deviation over the finished seeds of the
-    final eval metrics (plus the seeds that have not finished)."""
+    """One row per grid point: (mean, standard error) over the finished seeds of the final eval
+    metrics (plus the seeds that have not finished)."""
     rows = []
     for name in _unique(r.name for r in runs):
         mine = [r for r in runs if r.name == name]
@@ -167,10 +167,17 @@ def collect(runs: Sequence[Run]) -> list[dict]:
         for k in REPORT_KEYS:
             vals = [r["eval"][k] for r in res if isinstance(r["eval"].get(k), (int, float))
                     and not np.isnan(r["eval"][k])]
-            row[k] = (float(np.mean(vals)), float(np.std(vals))) if vals else None
+            row[k] = mean_se(vals) if vals else None
         row["seconds"] = float(np.mean([r["seconds"] for r in res])) if res else None
         rows.append(row)
     return rows
+
+
+def mean_se(vals) -> tuple[float, float]:
+    """(mean, standard error of the mean) of seed results; the error is 0 for one seed."""
+    v = np.asarray(vals, dtype=float)
+    se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+    return float(v.mean()), se
 
 
 def _unique(items):
@@ -202,7 +209,8 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 
 def curves(run_dirs: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, mean, std) of a per-step training metric over runs (steps all runs have)."""
+    """(steps, mean, standard error) of a per-step training metric over runs (the steps all
+    runs have)."""
     per_run = []
     for d in run_dirs:
         rows = {m["step"]: m[key] for m in read_metrics(d) if key in m and "loss" in m}
@@ -212,28 +220,30 @@ def curves(run_dirs: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray, n
         return np.zeros(0), np.zeros(0), np.zeros(0)
     steps = sorted(set.intersection(*(set(r) for r in per_run)))
     vals = np.asarray([[r[s] for s in steps] for r in per_run], dtype=float)
-    return np.asarray(steps), vals.mean(0), vals.std(0)
+    se = vals.std(0, ddof=1) / np.sqrt(len(vals)) if len(vals) > 1 else np.zeros(len(steps))
+    return np.asarray(steps), vals.mean(0), se
 
 
 def plot_curves(series: dict[str, Sequence[str]], key: str, path: str, ylabel: str | None = None,
                 smooth: int = 1) -> str:
-    """One line per label (mean over its run dirs, shaded spread) of metric `key` vs step."""
+    """One line per label (mean over its run dirs, a band of ± one standard error) of metric
+    `key` vs step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, dirs in series.items():
-        steps, mean, std = curves(dirs, key)
+        steps, mean, se = curves(dirs, key)
         if not len(steps):
             continue
         if smooth > 1 and len(mean) >= smooth:
             k = np.ones(smooth) / smooth
             mean = np.convolve(mean, k, mode="valid")
-            std = np.convolve(std, k, mode="valid")
+            se = np.convolve(se, k, mode="valid")
             steps = steps[smooth - 1:]
         ax.plot(steps, mean, label=label)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+        ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
     ax.set_xlabel("RL step")
     ax.set_ylabel(ylabel or key)
     ax.legend(fontsize=7)
@@ -255,6 +265,6 @@ def report(runs: Sequence[Run], out: str) -> dict:
         json.dump(rows, f, indent=2)
     md = table_markdown(rows)
     with open(os.path.join(out, "sweep.md"), "w") as f:
-        f.write(f"# Sweep\n\nFinal held-out eval, mean ± std over seeds.\n\n{md}\n\n"
+        f.write(f"# Sweep\n\nFinal held-out eval, mean ± standard error over seeds.\n\n{md}\n\n"
                 f"![success vs step]({os.path.basename(plot)})\n")
     return {"rows": rows, "markdown": md, "plot": plot}

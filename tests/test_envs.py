@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from supo_jax.agent.parsing import extract_summary, format_tool_call
-from supo_jax.agent.templates import CONTINUATION, SUMMARY_INSTRUCTION
+from supo_jax.text.parsing import extract_summary, format_tool_call
+from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 from supo_jax.envs import (Environment, Reset, StepResult, ToolSpec, list_envs, make_env,
                            make_tasks, register_env)
 from supo_jax.envs.fncall import FAMILIES, FAMILY_ENVS, expert_for

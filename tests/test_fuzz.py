@@ -18,7 +18,7 @@ import time
 import pytest
 
 import supo_jax
-from supo_jax.agent.parsing import format_tool_call, parse_action
+from supo_jax.text.parsing import format_tool_call, parse_action
 from supo_jax.envs import list_envs, make_env, make_tasks
 
 N_PER_ENV = 10_000

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from supo_jax.agent.parsing import (MAX_ACTION_CHARS, QUOTE_CHARS, extract_summary,
+from supo_jax.text.parsing import (MAX_ACTION_CHARS, QUOTE_CHARS, extract_summary,
                                     format_tool_call, parse_action)
 
 TOOLS = {

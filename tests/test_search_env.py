@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from supo_jax.agent.parsing import extract_summary, format_tool_call
-from supo_jax.agent.templates import CONTINUATION, SUMMARY_INSTRUCTION
+from supo_jax.text.parsing import extract_summary, format_tool_call
+from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 from supo_jax.envs import experts
 from supo_jax.envs import search as S
 from supo_jax.envs.base import make_env, make_tasks
@@ -262,7 +262,7 @@ def test_expert_reads_only_its_context():
     assert '"answer": "unknown"' in ex.act(msgs + msgs[1:] + msgs[1:])
     with pytest.raises(ValueError, match="no search question"):
         ex.act([{"role": "user", "content": "hello"}])
-    with pytest.raises(ValueError, match="no expert"):
+    with pytest.raises(ValueError, match="has no scripted expert"):
         experts.expert_for("nope")
     assert experts.expert_for("fncall/chain").act(
         [{"role": "user", "content": make_env("fncall/chain").reset(

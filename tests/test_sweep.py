@@ -84,3 +84,11 @@ def test_sweep_cli_names_a_bad_grid_key(tmp_path, capsys):
                "--out", str(tmp_path)])
     assert rc == 2
     assert "context.manger" in capsys.readouterr().err
+
+
+def test_mean_se_is_the_standard_error_over_seeds():
+    m, se = sweep.mean_se([0.2, 0.4, 0.9])
+    assert m == pytest.approx(0.5)
+    # sample std sqrt(((-.3)^2 + (-.1)^2 + .4^2) / 2) = sqrt(0.13), over sqrt(3)
+    assert se == pytest.approx((0.13 ** 0.5) / 3 ** 0.5)
+    assert sweep.mean_se([0.7]) == (pytest.approx(0.7), 0.0)

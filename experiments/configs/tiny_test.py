@@ -1,8 +1,6 @@
 """The smallest end-to-end run: what the trainer tests use (seconds per step on 2 CPU cores)."""
-import dataclasses
-
 from supo_jax.agent.context import ContextConfig
-from supo_jax.agent.templates import SHORT_SUMMARY_INSTRUCTION
+from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
 from supo_jax.config import (Config, EnvSection, ModelSection, OptimSection, RolloutSection,
                              SFTSection, TrainSection)
 

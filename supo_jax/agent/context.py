@@ -42,7 +42,7 @@ import dataclasses
 from typing import Sequence
 
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.templates import CONTINUATION, SUMMARY_INSTRUCTION
+from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
 REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout")
@@ -270,7 +270,7 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
 def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summary: Turn,
                   trained: bool = True) -> RolloutState:
     """Close the segment with the summary and restart from s1 + continuation(summary)."""
-    from supo_jax.agent.parsing import extract_summary
+    from supo_jax.text.parsing import extract_summary
 
     gp = tuple(fmt.gen_prompt)
     instr = state.pending[len(state.tokens):]

@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from supo_jax.agent.parsing import parse_action
+from supo_jax.text.parsing import parse_action
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,11 @@ def _lookup(name: str):
 def make_env(name: str, **kwargs) -> Environment:
     """A new environment instance (one per concurrent rollout: envs hold episode state)."""
     return _lookup(name)[0](**kwargs)
+
+
+def task_generator(name: str) -> Callable[..., list[dict]] | None:
+    """The registered task generator of environment `name` (None if it has none)."""
+    return _lookup(name)[1]
 
 
 def make_tasks(name: str, split: str, n: int, seed: int = 0, **knobs) -> list[dict]:

@@ -1,49 +1,70 @@
-"""Registry of scripted experts, and the working-context reader they share.
+"""Scripted experts: the registry, and `StateExpert`, the small base class for writing one.
 
 An expert is a scripted policy with `act(messages, summarize=False) -> action text` that
 reads only the working context (chat dicts: user / assistant / tool), as the model does.
+Experts are optional: they make SFT demonstrations (`sft.demos=expert`) and power
+`supo-jax rollout --policy scripted`; training a model policy never needs one.
 
     register_expert(name, factory, prefix=False)   # factory(env_name, **kwargs) -> expert
     expert_for(env_name, **kwargs)                 # e.g. expert_for("search", summary_drop=0.2)
+    has_expert(env_name)
 
-`expert_for` first imports `supo_jax.envs` (which imports the built-in suites, and they
-register their experts), then looks `env_name` up: an exact registration, else one made
-with prefix=True for the part before the first "/" ("fncall/chain" -> "fncall").
-The fncall suite keeps its own `fncall.expert_for`; it is registered here lazily.
+Environments register their own experts where they are defined (a module in `env.imports`
+registers its environment and, optionally, its expert). A name registered with prefix=True
+also serves "name/...": ("fncall/chain" -> "fncall").
+
+Writing one: subclass StateExpert and implement start / update / decide over a JSON-able
+state dict; the base class reads the working context, restarts from the last summary, turns
+decisions into tool calls and writes summaries (the README's "Adding an environment" has a
+complete example).
 """
 from __future__ import annotations
 
 import importlib
+import json
+import random
 from typing import Callable
 
-from supo_jax.agent.parsing import extract_summary
-from supo_jax.agent.templates import CONTINUATION
-
-MAX_SUMMARY_CHARS = 20_000  # experts read at most this much of a summary
+from supo_jax.text.parsing import format_tool_call
+from supo_jax.text.reading import continuation_marker, read_context
+from supo_jax.text.templates import CONTINUATION
 
 _EXPERTS: dict[str, tuple[Callable, bool]] = {}
 
 
 def register_expert(name: str, factory: Callable, prefix: bool = False) -> Callable:
     """Register factory(env_name, **kwargs) -> expert for env `name` (and "name/..." if
-    prefix). Re-registering a name replaces it (module reloads)."""
+    prefix); a StateExpert subclass is a factory. Re-registering a name replaces it (module
+    reloads)."""
     _EXPERTS[name] = (factory, prefix)
     return factory
 
 
-def expert_for(env_name: str, **kwargs):
-    """The scripted expert for a registered environment; kwargs go to its factory (the
-    built-in experts take summary_drop, seed, continuation)."""
+def _entry(env_name: str):
     importlib.import_module("supo_jax.envs")  # the built-in suites register on import
     entry = _EXPERTS.get(env_name)
     if entry is None:
         head = env_name.split("/", 1)[0]
         if head != env_name and _EXPERTS.get(head, (None, False))[1]:
             entry = _EXPERTS[head]
+    return entry
+
+
+def has_expert(env_name: str) -> bool:
+    return _entry(env_name) is not None
+
+
+def expert_for(env_name: str, **kwargs):
+    """The scripted expert of a registered environment; kwargs go to its factory (every
+    expert takes summary_drop, seed and continuation)."""
+    entry = _entry(env_name)
     if entry is None:
-        raise ValueError(f"no expert for {env_name!r}; experts: "
+        raise ValueError(f"environment {env_name!r} has no scripted expert (experts: "
                          + ", ".join(n + ("[/...]" if p else "") for n, (_, p) in
-                                     sorted(_EXPERTS.items())))
+                                     sorted(_EXPERTS.items()))
+                         + "); register one with supo_jax.envs.experts.register_expert, or "
+                         "give SFT demonstrations as JSONL (sft.demos=PATH) or none "
+                         "(train.sft_warm_start=false)")
     return entry[0](env_name, **kwargs)
 
 
@@ -52,43 +73,71 @@ def list_experts() -> list[str]:
     return sorted(_EXPERTS)
 
 
-def continuation_marker(template: str = CONTINUATION) -> str:
-    """The fixed sentence of a continuation template before "{summary}" (and "<summary>"):
-    how an expert recognises the restarted context."""
-    fixed = template.split("{summary}")[0].split("{prompt}")[-1]
-    marker = fixed.split("<summary>")[0].strip()
-    if not marker:
-        raise ValueError("the continuation template has no fixed text before {summary}")
-    return marker
+class StateExpert:
+    """A scripted expert over an explicit state. Subclasses implement:
 
+    start(prompt) -> state           the state before any call, from the task prompt
+    update(state, observation) -> state   after one tool observation
+    decide(state) -> (thought, tool, arguments)   the next call (the answer tool ends it)
 
-def read_context(messages: list[dict], marker: str) -> tuple[str, str | None, list[str]]:
-    """(prompt, previous summary or None, tool observations after it) of a working context.
-
-    The anchor is the last user message holding `marker`, else the first user message.
-    The prompt is the first user message (plus the text before the marker when the
-    continuation turn repeats the task); the summary is the text after the marker
-    (<summary> tags optional, at most MAX_SUMMARY_CHARS read).
+    act() rebuilds the state from the working context on every call: start(prompt), then
+    the previous summary's state (the JSON after "State:"), then update() over the
+    observations since. A summary states the whole state as JSON (with probability
+    summary_drop one key is left out on purpose: a resumed expert then takes that key
+    from start()). Override summary(state, decision) for another summary text (and
+    parse_summary(text) to read it back).
     """
-    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-    if not users:
-        raise ValueError("no user message in the context")
-    anchor = max((i for i in users if marker in messages[i]["content"]), default=users[0])
-    before, found, after = messages[anchor]["content"].partition(marker)
-    # the task is in s1 (the first user turn) and/or repeated before the marker
-    prompt = (messages[users[0]]["content"] + "\n" if anchor != users[0] else "") + before
-    summary = None
-    if found:
-        after = after[:MAX_SUMMARY_CHARS]
-        summary = extract_summary(after)
-        summary = after.strip() if summary is None else summary
-    obs = [m["content"] for m in messages[anchor + 1:] if m.get("role") == "tool"]
-    return prompt, summary, obs
 
+    def __init__(self, env_name: str = "", summary_drop: float = 0.0, seed: int = 0,
+                 continuation: str = CONTINUATION):
+        self.env_name = env_name
+        self.summary_drop = summary_drop
+        self.rng = random.Random(seed)
+        self.marker = continuation_marker(continuation)
+        self.dropped = 0  # summaries made imperfect so far
 
-def _fncall_expert(env_name: str, **kwargs):
-    from supo_jax.envs import fncall
-    return fncall.expert_for(env_name, **kwargs)
+    def start(self, prompt: str) -> dict:
+        raise NotImplementedError
 
+    def update(self, state: dict, observation: str) -> dict:
+        raise NotImplementedError
 
-register_expert("fncall", _fncall_expert, prefix=True)
+    def decide(self, state: dict) -> tuple[str, str, dict]:
+        raise NotImplementedError
+
+    def summary(self, state: dict, decision: tuple[str, str, dict]) -> str:
+        _, name, args = decision
+        keys = list(state)
+        if self.summary_drop > 0 and keys and self.rng.random() < self.summary_drop:
+            keys.remove(self.rng.choice(keys))
+            self.dropped += 1
+        state_json = json.dumps({k: state[k] for k in keys}, separators=(", ", ": "))
+        return f"State: {state_json}. Next: {name}({json.dumps(args)})."
+
+    def parse_summary(self, text: str) -> dict:
+        """The state a summary() text holds ({} where none can be read)."""
+        i = text.find("State:")
+        if i < 0:
+            return {}
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[i + len("State:"):].lstrip())
+        except ValueError:
+            return {}
+        return obj if isinstance(obj, dict) else {}
+
+    def state_of(self, messages: list[dict]) -> dict:
+        prompt, summary, observations = read_context(messages, self.marker)
+        state = self.start(prompt)
+        if summary is not None:
+            state = {**state, **self.parse_summary(summary)}
+        for obs in observations:
+            state = self.update(state, obs)
+        return state
+
+    def act(self, messages: list[dict], summarize: bool = False) -> str:
+        state = self.state_of(messages)
+        decision = self.decide(state)
+        if summarize:
+            return f"<summary>{self.summary(state, decision)}</summary>"
+        thought, name, args = decision
+        return f"{thought}\n{format_tool_call(name, args)}".lstrip()

@@ -37,13 +37,14 @@ import re
 from collections import deque
 from functools import partial
 
-from supo_jax.agent.parsing import extract_summary, format_tool_call, quote
-from supo_jax.agent.templates import CONTINUATION
 from supo_jax.envs.base import (Environment, Reset, StepResult, ToolSpec, error_result,
                                 register_env)
+from supo_jax.envs.experts import register_expert
+from supo_jax.text.parsing import extract_summary, format_tool_call, quote
+from supo_jax.text.reading import MAX_SUMMARY_CHARS, continuation_marker, read_context
+from supo_jax.text.templates import CONTINUATION
 
 FAMILIES = ("tallest", "pages", "chain", "graph")
-_MAX_SUMMARY_CHARS = 20_000  # probe/expert read at most this much of a summary
 _VALUE = {"int": r"(-?\d{1,9})\b", "str": r"['\"]?([A-Za-z0-9]{1,64})",
           "ints": r"\[([^\[\]]*)\]"}  # no "[" inside: a scan stops at the next list
 
@@ -117,7 +118,7 @@ class FncallEnv(Environment):
             return None
         if all(s == self._initial for s in self._trace):
             return None
-        summary = summary[:_MAX_SUMMARY_CHARS]
+        summary = summary[:MAX_SUMMARY_CHARS]
         found = self.parse_state(extract_summary(summary) or summary)
         return len(found) == len(self.state_keys) and found in self._trace
 
@@ -657,18 +658,11 @@ class Expert:
         self.families = tuple(families)
         self.summary_drop = summary_drop
         self.rng = random.Random(seed)
-        fixed = continuation.split("{summary}")[0].split("{prompt}")[-1]
-        self.marker = fixed.split("<summary>")[0].strip()
-        if not self.marker:
-            raise ValueError("the continuation template has no fixed text before {summary}")
+        self.marker = continuation_marker(continuation)
         self.dropped = 0  # summaries made imperfect so far
 
-    def _read(self, messages):
-        from supo_jax.envs.experts import read_context
-        return read_context(messages, self.marker)
-
     def act(self, messages: list[dict], summarize: bool = False) -> str:
-        prompt, summary, observations = self._read(messages)
+        prompt, summary, observations = read_context(messages, self.marker)
         for fam in self.families:
             if (p := fam.parse_prompt(prompt)) is not None:
                 break
@@ -700,3 +694,6 @@ def expert_for(env_name: str, **kwargs) -> Expert:
         raise ValueError(f"no expert for {env_name!r}; fncall envs: fncall, "
                          + ", ".join(f"fncall/{f}" for f in FAMILY_ENVS))
     return Expert(families=(FAMILY_ENVS[fam],), **kwargs)
+
+
+register_expert("fncall", expert_for, prefix=True)

@@ -67,12 +67,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from supo_jax.agent.parsing import extract_summary, format_tool_call, quote
-from supo_jax.agent.templates import CONTINUATION
 from supo_jax.envs.base import (Environment, Reset, StepResult, ToolSpec, error_result,
                                 register_env)
-from supo_jax.envs.experts import (MAX_SUMMARY_CHARS, continuation_marker, read_context,
-                                   register_expert)
+from supo_jax.envs.experts import register_expert
+from supo_jax.text.parsing import extract_summary, format_tool_call, quote
+from supo_jax.text.reading import MAX_SUMMARY_CHARS, continuation_marker, read_context
+from supo_jax.text.templates import CONTINUATION
 
 DEFAULT_SIZE = 2_000
 MIN_SIZE, MAX_SIZE = 100, 1_000_000

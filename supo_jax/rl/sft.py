@@ -12,6 +12,7 @@ import numpy as np
 from supo_jax.agent.context import ContextConfig, Segment
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+from supo_jax.text.parsing import format_tool_call
 
 
 def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: ContextConfig,
@@ -32,11 +33,26 @@ def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: 
     return [s for r in keep for s in (r.segments + (r.dropped if dropped else []))], ro
 
 
-def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> Segment:
-    """One segment from a chat: the prompt up to the first assistant turn, then turns.
+def assistant_text(message: dict) -> str:
+    """An assistant message as the action text the policy writes: its content, then each of
+    its standard `tool_calls` ({"function": {"name", "arguments"}}, arguments a dict or a JSON
+    string) in the <tool_call> format."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function", call)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+            raise ValueError(f"a tool call needs a name and an arguments object: {call!r}"[:200])
+        text = (text + "\n" if text else "") + format_tool_call(fn["name"], args)
+    return text
 
-    Assistant contents are trained (plus their end-of-turn token); everything else is context.
-    """
+
+def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> Segment:
+    """One segment from a chat (the OpenAI / transformers messages format): the prompt up to
+    the first assistant turn, then turns. Assistant turns (content and tool_calls) are trained
+    (plus their end-of-turn token); everything else is context."""
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
         raise ValueError("a demonstration needs a prompt followed by at least one assistant turn")
@@ -48,7 +64,7 @@ def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) 
             ids = list(fmt.gen_prompt)
             toks += ids
             mask += [0] * len(ids)
-            action = fmt.encode(m["content"]) + [fmt.stop_id]
+            action = fmt.encode(assistant_text(m)) + [fmt.stop_id]
             toks += action
             mask += [1] * len(action)
             last_action = tuple(action)
@@ -60,8 +76,10 @@ def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) 
     return Segment(tuple(toks), tuple(mask), (0.0,) * len(toks))
 
 
-def jsonl_segments(fmt: ChatFormat, path: str) -> list[Segment]:
-    """{"messages": [...], "tools": [...]} per line."""
+def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None) -> list[Segment]:
+    """One demonstration per line: {"messages": [...], "tools": [...]} ("tools" optional:
+    JSON-schema function dicts; default_tools where absent). A bad line fails naming its
+    number."""
     out = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -69,7 +87,7 @@ def jsonl_segments(fmt: ChatFormat, path: str) -> list[Segment]:
                 continue
             try:
                 d = json.loads(line)
-                out.append(conversation_segment(fmt, d["messages"], d.get("tools")))
+                out.append(conversation_segment(fmt, d["messages"], d.get("tools", default_tools)))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
     return out

@@ -31,8 +31,7 @@ from flax import nnx
 
 from supo_jax import config as C
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import (PolicyActor, Rollout, run_rollouts, start_state, summarize,
-                                    write_jsonl)
+from supo_jax.agent.rollout import PolicyActor, Rollout, run_rollouts, start_state, summarize
 from supo_jax.checkpoint import RunCheckpoints
 from supo_jax.model.policy import Policy, load_policy, new_policy, shard_model
 from supo_jax.model.sharding import batch_sharding, make_mesh, put, replicated
@@ -69,17 +68,40 @@ def make_run_mesh(cfg: C.Config):
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
 
 
-def _env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
-    """Texts of the environment (prompts, tool schemas, expert turns) for a tiny tokenizer."""
+def _sample_value(schema: dict):
+    """A plausible value of a JSON-schema type (for calls the corpus shows without an expert)."""
+    t = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(schema, dict) and schema.get("enum"):
+        return schema["enum"][0]
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": [],
+            "object": {}}.get(t, "text")
+
+
+def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
+    """Texts of the environment for a tiny policy's tokenizer: the summary and continuation
+    templates, task prompts, tool schemas, and turns: the scripted expert's where the
+    environment has one, else one call of each tool with schema-typed arguments and its
+    observation; plus the JSONL demonstrations when sft.demos is a file."""
     from supo_jax.envs import make_env, make_tasks
-    from supo_jax.envs.experts import expert_for
+    from supo_jax.envs.experts import expert_for, has_expert
+    from supo_jax.text.parsing import format_tool_call
 
     texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
-    expert = expert_for(cfg.env.name)
+    expert = expert_for(cfg.env.name) if has_expert(cfg.env.name) else None
     for task in make_tasks(cfg.env.name, "train", n, seed=10_000 + cfg.env.seed, **cfg.env.knobs):
         env = make_env(cfg.env.name)
         rs = env.reset(task)
-        texts += [rs.prompt, json.dumps([t.schema() for t in rs.tools])]
+        texts += [rs.prompt, rs.system or "", json.dumps([t.schema() for t in rs.tools])]
+        if expert is None:
+            for tool in rs.tools:   # the answer tool last: it ends the episode
+                props = tool.parameters.get("properties", {})
+                call = format_tool_call(tool.name, {k: _sample_value(v) for k, v in props.items()})
+                texts.append(call)
+                try:
+                    texts.append(env.act(call).observation)
+                except Exception:   # noqa: BLE001  (a sample call the environment rejects)
+                    pass
+            continue
         msgs = [{"role": "user", "content": rs.prompt}]
         for _ in range(12):
             a = expert.act(msgs, False)
@@ -90,7 +112,19 @@ def _env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
             texts.append(res.observation)
             msgs += [{"role": "assistant", "content": a}, {"role": "tool", "content": res.observation}]
         texts.append(expert.act(msgs, True))
+    if cfg.sft.demos != "expert" and os.path.isfile(cfg.sft.demos):
+        with open(cfg.sft.demos) as f:
+            texts += [line for _, line in zip(range(256), f)]
     return texts
+
+
+def env_tokenizer(cfg: C.Config, out_dir: str | None = None):
+    """The tiny policy's tokenizer for this config (every command builds the same one)."""
+    from supo_jax.model.tiny import tiny_tokenizer
+
+    m = cfg.model
+    return tiny_tokenizer(out_dir, vocab_size=m.tiny_vocab, extra_corpus=env_corpus(cfg),
+                          template=m.tiny_template)
 
 
 def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy:
@@ -102,15 +136,14 @@ def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy
         return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
                            **m.decoder_options())
     from supo_jax.model.policy import load_tokenizer
-    from supo_jax.model.tiny import tiny_config, tiny_tokenizer
+    from supo_jax.model.tiny import tiny_config
 
     tok_dir = os.path.join(run_dir, "tokenizer") if run_dir else None
     fresh = not (tok_dir and os.path.isdir(tok_dir))
     _barrier("supo_jax:tokenizer:looked")   # every process looked before process 0 writes
     tok = None
     if fresh and (_is_main() or not tok_dir):
-        tok = tiny_tokenizer(tok_dir, vocab_size=m.tiny_vocab, extra_corpus=_env_corpus(cfg),
-                             template=m.tiny_template)
+        tok = env_tokenizer(cfg, tok_dir)
     _barrier("supo_jax:tokenizer:written")  # the others load process 0's tokenizer
     if tok is None:
         tok = load_tokenizer(tok_dir)
@@ -360,7 +393,11 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
                              f"under this context config (reasons: {summarize(ro)['reasons']}); "
                              "raise context.max_steps / max_summaries / working_context")
     else:
-        segs, demo_success, report = jsonl_segments(fmt, s.demos), float("nan"), {}
+        from supo_jax.envs import make_env
+        task = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed, **cfg.env.knobs)[0]
+        tools = [t.schema() for t in make_env(cfg.env.name).reset(task).tools]
+        segs = jsonl_segments(fmt, s.demos, default_tools=tools)
+        demo_success, report = float("nan"), {"sft_demos_file": s.demos}
     bar = _bar(s.steps, "sft", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
                      max_len=max_len, seed=cfg.train.seed,

@@ -1,0 +1,158 @@
+"""Bring your own environment: the README's example file as written, experts as an optional
+public API (StateExpert), demonstrations as chat-messages JSONL, knobs that belong to their
+environment, env.imports from the working directory, one tokenizer for every command."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from supo_jax.agent.context import ContextConfig
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+from supo_jax.config import Config, ConfigError, apply_overrides, load_config
+from supo_jax.envs import base, make_env, make_tasks
+from supo_jax.envs import experts as E
+from supo_jax.model.tiny import tiny_tokenizer
+from supo_jax.rl.sft import assistant_text, conversation_segment, jsonl_segments
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md")).read()
+EXAMPLE = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
+COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.cards\"\]'[^\n]*)\n",
+                    README).group(1)
+
+
+@pytest.fixture
+def cards_dir(tmp_path, monkeypatch):
+    """The README's example as my_envs/cards.py in a fresh working directory; registrations
+    and imports are undone afterwards."""
+    (tmp_path / "my_envs").mkdir()
+    (tmp_path / "my_envs" / "cards.py").write_text(EXAMPLE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
+    monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    for m in ("my_envs.cards", "my_envs"):
+        sys.modules.pop(m, None)
+
+
+def test_readme_example_registers_env_and_expert_from_the_working_directory(cards_dir):
+    assert str(cards_dir) not in sys.path
+    cfg = apply_overrides(Config(), ['env.imports=["my_envs.cards"]', "env.name=cards"])
+    assert cfg.env.knobs == {} and cfg.env.eval_knobs == {}   # fncall/tallest's knobs dropped
+    fmt = ChatFormat(tiny_tokenizer(template="compact"))
+    tasks = make_tasks("cards", "train", 4)
+    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+                        max_summary_tokens=60, max_observation_tokens=16)
+    ro = run_rollouts(ScriptedActor(E.expert_for("cards"), fmt), lambda: make_env("cards"),
+                      tasks, fmt, ctx)
+    assert [r.reward for r in ro] == [1.0] * 4, [(r.reason, r.counters) for r in ro]
+    assert all(r.counters["summaries"] >= 1 for r in ro)   # the sum survives summaries
+
+
+def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir):
+    assert COMMAND == ("supo-jax train --set 'env.imports=[\"my_envs.cards\"]' "
+                       "--set env.name=cards")
+    out = cards_dir / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "cards",
+                        "--set", 'env.imports=["my_envs.cards"]', "--policy", "scripted",
+                        "--num", "4", "--out", str(out)], capture_output=True, text=True,
+                       cwd=cards_dir, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"success_rate\s+1\.0", r.stdout)
+
+
+def test_knobs_belong_to_their_environment():
+    assert apply_overrides(Config(), ["env.name=fncall/count"]).env.knobs == {}
+    cfg = apply_overrides(Config(), ["env.knobs.size=[3, 4]", "env.name=fncall/count"])
+    assert cfg.env.knobs == {"size": [3, 4]}
+    assert apply_overrides(Config(), ["env.knobs.size=[3, 4]"]).env.knobs == {"size": [3, 4]}
+    with pytest.raises(ConfigError, match=r"env\.knobs\.sise: .*takes no knob 'sise' "
+                                          r"\(it takes: families, size\)"):
+        apply_overrides(Config(), ["env.knobs.sise=3"])
+    with pytest.raises(ConfigError, match=r"env\.eval_knobs\.bogus"):
+        apply_overrides(Config(), ["env.name=search", "env.eval_knobs.bogus=1"])
+
+
+def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path):
+    (cards_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
+        '"cards"', '"cards_noexp"'))
+    sets = ['env.imports=["my_envs.noexp"]', "env.name=cards_noexp"]
+    with pytest.raises(ConfigError, match="has no scripted expert.*sft.demos=PATH"):
+        apply_overrides(Config(), sets)
+    cfg = apply_overrides(Config(), sets + ["train.sft_warm_start=false"])
+    from supo_jax.rl.trainer import env_corpus, env_tokenizer
+    corpus = "\n".join(env_corpus(cfg, n=2))
+    assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 = " in corpus
+    assert len(env_tokenizer(cfg)) <= cfg.model.tiny_vocab + 64
+    from supo_jax.cli import main
+    rc = main(["rollout", "--env", "cards_noexp", "--set", 'env.imports=["my_envs.noexp"]',
+               "--policy", "scripted", "--num", "2", "--out", str(tmp_path / "x.jsonl")])
+    assert rc == 2
+
+
+def test_state_expert_round_trips_its_summary_and_drops_keys_on_purpose():
+    class Ex(E.StateExpert):
+        def start(self, prompt):
+            return {"n": 3, "seen": []}
+
+        def update(self, s, obs):
+            return {**s, "seen": s["seen"] + [obs]}
+
+        def decide(self, s):
+            return ("more", "look", {"i": len(s["seen"])}) if len(s["seen"]) < s["n"] else \
+                ("done", "finish", {"answer": len(s["seen"])})
+
+    ex = Ex("toy")
+    msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "x"}]
+    assert ex.act(msgs) == 'more\n<tool_call>\n{"name": "look", "arguments": {"i": 1}}\n</tool_call>'
+    summary = ex.act(msgs, summarize=True)
+    assert summary.startswith("<summary>State: ") and summary.endswith("</summary>")
+    cont = ContextConfig("supo", 100).continuation.format(summary=summary[9:-10])
+    resumed = [{"role": "user", "content": "task"}, {"role": "user", "content": cont},
+               {"role": "assistant", "content": "b"}, {"role": "tool", "content": "y"}]
+    assert ex.state_of(resumed) == {"n": 3, "seen": ["x", "y"]}
+    dropper = Ex("toy", summary_drop=1.0)
+    s = dropper.act(msgs, summarize=True)
+    assert dropper.dropped == 1 and len(dropper.parse_summary(s)) == 1
+    assert Ex("toy").parse_summary("no state here") == {}
+
+
+def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
+    fmt = ChatFormat(tiny_tokenizer())
+    call = {"type": "function", "function": {"name": "inc", "arguments": "{}"}}
+    msg = {"role": "assistant", "content": "Once.", "tool_calls": [call]}
+    assert assistant_text(msg) == 'Once.\n<tool_call>\n{"name": "inc", "arguments": {}}\n</tool_call>'
+    assert assistant_text({"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "finish", "arguments": {"answer": 1}}}]}).startswith("<tool_call>")
+    demo = {"messages": [{"role": "user", "content": "Call inc once."}, msg,
+                         {"role": "tool", "content": "count=1"},
+                         {"role": "assistant", "content": "",
+                          "tool_calls": [{"function": {"name": "finish",
+                                                       "arguments": {"answer": 1}}}]}]}
+    p = tmp_path / "demos.jsonl"
+    p.write_text(json.dumps(demo) + "\n\n" + json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"demos.jsonl:3: bad demonstration"):
+        jsonl_segments(fmt, str(p))
+    p.write_text(json.dumps(demo) + "\n")
+    [seg] = jsonl_segments(fmt, str(p), default_tools=[{"type": "function", "function": {
+        "name": "inc", "description": "add one", "parameters": {}}}])
+    trained = fmt.decode([t for t, m in zip(seg.tokens, seg.mask) if m])
+    assert '"name": "inc"' in trained and '"answer": 1' in trained and "count=1" not in trained
+    assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
+    assert seg == conversation_segment(fmt, demo["messages"], [{"type": "function", "function": {
+        "name": "inc", "description": "add one", "parameters": {}}}])
+    with pytest.raises(ConfigError, match="sft.demos='nope.jsonl': no such file"):
+        apply_overrides(Config(), ["sft.demos=nope.jsonl"])
+
+
+def test_every_command_builds_the_same_tokenizer():
+    cfg = load_config(None, ["env.name=fncall/count"])
+    from supo_jax.rl.trainer import env_tokenizer
+    a, b = env_tokenizer(cfg), env_tokenizer(cfg)
+    assert a.get_vocab() == b.get_vocab() and len(a) > 600   # model.tiny_vocab (1024), not 512
