@@ -186,3 +186,49 @@ def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["supo-jax train: interrupted; rerun the same command to resume from the "
                    "latest checkpoint"]
+
+
+def test_progress_is_plain_lines_when_not_a_terminal(capsys):
+    import io
+
+    from supo_jax.rl import trainer
+    bar = trainer._bar(3, "train", True)   # pytest's stderr is not a terminal
+    assert isinstance(bar, trainer.LineProgress)
+    out = io.StringIO()
+    bar = trainer.LineProgress(4, "rollouts 1", every=0.0, stream=out)
+    bar.set_postfix(success="0.50", loss="0.012")
+    bar.update(1)
+    bar.update(3)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("rollouts 1: 1/4 (25%) ") and lines[0].endswith(
+        "success=0.50 loss=0.012")
+    assert lines[-1].startswith("rollouts 1: 4/4 (100%)")
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    quiet = trainer.LineProgress(10, "sft", every=3600.0, stream=out)
+    n = len(out.getvalue())
+    quiet.update(5)
+    assert len(out.getvalue()) == n   # at most one line per `every` seconds
+
+
+def test_models_by_hub_id_from_the_cache_and_one_line_when_missing(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from supo_jax.model.policy import resolve_model_path
+    cache = tmp_path / "hub"
+    snap = cache / "models--someorg--tiny" / "snapshots" / "0123abcd"
+    make_hf_model("qwen2_bias_gqa", str(snap))
+    tiny_tokenizer(str(snap))
+    (cache / "models--someorg--tiny" / "refs").mkdir()
+    (cache / "models--someorg--tiny" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve_model_path("someorg/tiny") == str(snap)
+    assert resolve_model_path(str(snap)) == str(snap)   # local paths as given
+    a, b = supo_jax.load_policy("someorg/tiny"), supo_jax.load_policy(str(snap))
+    ids = np.arange(10)[None]
+    np.testing.assert_array_equal(np.asarray(a.logits(ids)), np.asarray(b.logits(ids)))
+    assert main(["generate", "--model", "someorg/tiny", "--prompt", "hi",
+                 "--max-new-tokens", "2"]) == 0
+    _one_line_error(capsys, ["generate", "--model", "someorg/absent"], "someorg/absent",
+                    "offline", str(cache / "models--someorg--absent"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from functools import partial
 
 import jax
@@ -163,16 +164,43 @@ def shard_model(model: Decoder, mesh) -> None:
     nnx.update(model, state)
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+
+
+def resolve_model_path(path: str) -> str:
+    """A local model directory or .gguf file as given; a Hugging Face Hub id ("org/name" or
+    "org/name@revision") as its snapshot directory in the huggingface_hub cache: downloaded
+    when online, read from the cache when offline (HF_HUB_OFFLINE=1). A missing model is one
+    FileNotFoundError saying where it looked."""
+    path = os.fspath(path)
+    if os.path.exists(path) or not _HUB_ID.fullmatch(path) or path.endswith(".gguf"):
+        return path
+    from huggingface_hub import constants, snapshot_download
+
+    repo, _, revision = path.partition("@")
+    try:
+        return snapshot_download(repo, revision=revision or None,
+                                 local_files_only=bool(constants.HF_HUB_OFFLINE))
+    except Exception as e:   # noqa: BLE001  (offline, not cached, no such repo, no network)
+        how = ("offline (HF_HUB_OFFLINE=1) and not in the cache" if constants.HF_HUB_OFFLINE
+               else f"not in the cache and not downloadable ({type(e).__name__})")
+        raise FileNotFoundError(
+            f"model {path!r}: no such local path, and as a Hugging Face Hub id it is {how}; "
+            f"looked in {os.path.join(constants.HF_HUB_CACHE, 'models--' + repo.replace('/', '--'))}"
+        ) from None
+
+
 def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
                 tokenizer=True, **options) -> Policy:
-    """Load an HF model directory (safetensors, single or sharded) or a .gguf file.
+    """Load an HF model directory (safetensors, single or sharded), a .gguf file, or a Hugging
+    Face Hub id (resolve_model_path).
 
     dtype: parameter dtype ("float32" | "bfloat16"); compute_dtype defaults to it.
     mesh: a jax.sharding.Mesh (see supo_jax.make_mesh); parameters are created
     directly on their shards.
     options: the Decoder's remat / attention / precision (supo_jax.model.decoder.Decoder).
     """
-    path = os.fspath(path)
+    path = resolve_model_path(path)
     pdt = _dtype(dtype)
     cdt = _dtype(compute_dtype) or pdt
     if path.endswith(".gguf"):

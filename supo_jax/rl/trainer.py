@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 
 import jax
@@ -276,9 +277,41 @@ def place_batch(batch, mesh):
         x.shape, batch_sharding(mesh, x.shape), lambda idx: x[idx]), batch)
 
 
+class LineProgress:
+    """Progress as plain log lines (when stderr is not a terminal, e.g. a log file): the
+    tqdm calls the trainer makes (update, set_postfix, close), printed at most every
+    `every` seconds and once at the end."""
+
+    def __init__(self, total: int, desc: str, every: float = 30.0, stream=None):
+        self.total, self.desc, self.every = total, desc, every
+        self.stream = stream or sys.stderr
+        self.n, self.postfix = 0, ""
+        self.t0 = self.last = time.time()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.time() - self.last >= self.every:
+            self._line()
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = " ".join(f"{k}={v}" for k, v in kw.items())
+
+    def _line(self) -> None:
+        self.last = time.time()
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        print(f"{self.desc}: {self.n}/{self.total}{pct} {self.last - self.t0:.0f}s {self.postfix}"
+              .rstrip(), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self._line()
+
+
 def _bar(total, desc, enabled):
+    """A progress bar on a terminal or in a notebook, plain periodic lines otherwise."""
     if not enabled or not _is_main():
         return None
+    if not sys.stderr.isatty() and "ipykernel" not in sys.modules:
+        return LineProgress(total, desc)
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
