@@ -1,18 +1,37 @@
-"""notebooks/quickstart.ipynb runs top to bottom at tiny size on CPU."""
+"""notebooks/quickstart.ipynb runs top to bottom at tiny size on CPU: the plot is shown inline,
+the last cell is a trained policy's rollout, and the install cell fails clearly outside a
+checkout when nothing says where to install from."""
 import os
+import subprocess
+import sys
 
 import nbformat
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NB = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 
 
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
+    nb = nbformat.read(NB, as_version=4)
     monkeypatch.setenv("SUPO_JAX_NOTEBOOK_TINY", "1")
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.chdir(tmp_path)
     NotebookClient(nb, timeout=600, kernel_name="python3").execute()
-    outs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    outs = "".join(o.get("text", "") for c in code for o in c.outputs)
     assert "(summary)" in outs and "success_rate" in outs
     assert (tmp_path / "runs" / "notebook" / "curves.png").exists()
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)   # inline
+    last = "".join(o.get("text", "") for o in code[-1].outputs)
+    assert "--- assistant" in last and "reason:" in last
+
+
+def test_install_cell_names_what_to_set_outside_a_checkout(tmp_path):
+    nb = nbformat.read(NB, as_version=4)
+    install = nb.cells[1].source
+    assert 'REPO = ""' in install
+    # a Python where supo_jax is not importable, in a directory that is not a checkout
+    code = "import importlib.util\nimportlib.util.find_spec = lambda name: None\n" + install
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "set REPO to the repository's URL" in r.stderr
