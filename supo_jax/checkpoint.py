@@ -18,6 +18,12 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 
+def _abstract(tree):
+    """Shape / dtype / sharding stand-ins of a pytree of arrays (what a restore fills)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+
+
 class RunCheckpoints:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
@@ -44,6 +50,12 @@ class RunCheckpoints:
     def read_meta(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
+    def restore_params(self, step: int, params_like):
+        """The parameters saved at `step` (no optimizer state), restored into the structure,
+        dtypes and shardings of params_like."""
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params_like)))
+        return self.manager.restore(step, args=args)["params"]
+
     def restore_latest(self, params_like, opt_state_like):
         """(step, params, opt_state, meta) of the newest restorable checkpoint, or None.
 
@@ -51,12 +63,8 @@ class RunCheckpoints:
         shardings to restore into. A step that fails to restore is skipped with a warning
         (it stays on disk until the replayed run saves that step again).
         """
-        def abstract(tree):
-            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=x.sharding), tree)
-
-        args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract(params_like)),
-                                  opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params_like)),
+                                  opt_state=ocp.args.StandardRestore(_abstract(opt_state_like)),
                                   meta=ocp.args.JsonRestore())
         for step in reversed(self.steps()):
             try:

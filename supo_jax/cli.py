@@ -78,21 +78,11 @@ def _restore_policy(cfg, mesh=None):
     check_run_dir(cfg.train.run_dir, policy)
     if steps:
         from flax import nnx
-        import orbax.checkpoint as ocp
-        _, params = policy.split()
-        abstract = jax_abstract(params)
-        got = mgr.manager.restore(steps[-1], args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract)))
-        nnx.update(policy.model, got["params"])
+        nnx.update(policy.model, mgr.restore_params(steps[-1], policy.split()[1]))
         print(f"policy: {ck} step {steps[-1]}")
     if mgr:
         mgr.close()
     return policy
-
-
-def jax_abstract(tree):
-    import jax
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def _cmd_eval(args) -> None:

@@ -21,12 +21,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from supo_jax.agent.context import NO_ANSWER
 from supo_jax.rl.algo import ADVANTAGES, aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
 
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
 
-NO_ANSWER = ("max_summaries", "max_steps", "context_limit", "env_error", "timeout")
 
 
 @dataclasses.dataclass(frozen=True)
