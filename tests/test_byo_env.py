@@ -45,13 +45,13 @@ def test_readme_example_registers_env_and_expert_from_the_working_directory(card
     cfg = apply_overrides(Config(), ['env.imports=["my_envs.cards"]', "env.name=cards"])
     assert cfg.env.knobs == {} and cfg.env.eval_knobs == {}   # fncall/tallest's knobs dropped
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
-    tasks = make_tasks("cards", "train", 4)
+    tasks = make_tasks("cards", "train", 12)
     ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
                         max_summary_tokens=60, max_observation_tokens=16)
     ro = run_rollouts(ScriptedActor(E.expert_for("cards"), fmt), lambda: make_env("cards"),
                       tasks, fmt, ctx)
-    assert [r.reward for r in ro] == [1.0] * 4, [(r.reason, r.counters) for r in ro]
-    assert all(r.counters["summaries"] >= 1 for r in ro)   # the sum survives summaries
+    assert [r.reward for r in ro] == [1.0] * 12, [(r.reason, r.counters) for r in ro]
+    assert sum(r.counters["summaries"] >= 1 for r in ro) >= 4   # the scan survives summaries
 
 
 def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir):
@@ -80,14 +80,14 @@ def test_knobs_belong_to_their_environment():
 
 def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path):
     (cards_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
-        '"cards"', '"cards_noexp"'))
+        'register_env("cards"', 'register_env("cards_noexp"'))
     sets = ['env.imports=["my_envs.noexp"]', "env.name=cards_noexp"]
     with pytest.raises(ConfigError, match="has no scripted expert.*sft.demos=PATH"):
         apply_overrides(Config(), sets)
     cfg = apply_overrides(Config(), sets + ["train.sft_warm_start=false"])
     from supo_jax.rl.trainer import env_corpus, env_tokenizer
     corpus = "\n".join(env_corpus(cfg, n=2))
-    assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 = " in corpus
+    assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 is " in corpus
     assert len(env_tokenizer(cfg)) <= cfg.model.tiny_vocab + 64
     from supo_jax.cli import main
     rc = main(["rollout", "--env", "cards_noexp", "--set", 'env.imports=["my_envs.noexp"]',
