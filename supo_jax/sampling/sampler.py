@@ -112,6 +112,20 @@ def layer_weights(graphdef, params) -> list[dict]:
     return nnx.merge(graphdef, params).layer_weights()
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeState:
+    """The decode loop's carry: the step, the cache, each row's last logits, the tokens and
+    logprobs sampled so far [B, steps], which rows are done, and how many tokens each made."""
+    step: jax.Array
+    cache: KVCache
+    logits: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    done: jax.Array
+    counts: jax.Array
+
+
 @partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp", "unroll_layers"),
          donate_argnames=("cache",))
 def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
@@ -128,8 +142,7 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     KVCache.split_layers: faster on CPU, at the cost of a copy of that span of the cache
     while decode runs) instead of a scan over the stacked weights and cache.
     layers: `layer_weights(graphdef, params)`, when the caller keeps them across calls;
-    else unroll_layers cuts them here, once per call (SmolLM2-135M, 2 CPU cores: ~0.3 s
-    per call inside this program; 64 steps at batch 8 take 5.3 s).
+    else unroll_layers cuts them here, once per call.
     Returns (cache, last_logits, tokens [B, steps], logprobs [B, steps], counts [B]).
     """
     model = nnx.merge(graphdef, params)
@@ -143,30 +156,32 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     if unroll_layers:
         cache = cache.split_layers(attend_len)                 # per-layer caches, once
 
-    def cond(s):
-        step, _, _, _, _, done, *_ = s
-        return (step < steps) & ~jnp.all(done)
+    def cond(s: DecodeState):
+        return (s.step < steps) & ~jnp.all(s.done)
 
-    def body(s):
-        step, cache, logits, toks, lps, done, counts = s
-        tok, lp = _sample(jax.random.fold_in(rng, step0 + step), logits, sp)
-        live = ~done
-        toks = toks.at[:, step].set(jnp.where(live, tok, 0))
-        lps = lps.at[:, step].set(jnp.where(live, lp, 0.0))
-        counts = counts + live
+    def body(s: DecodeState) -> DecodeState:
+        tok, lp = _sample(jax.random.fold_in(rng, step0 + s.step), s.logits, sp)
+        live = ~s.done
+        counts = s.counts + live
         stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
-        done = done | stop | (counts >= max_new)
-        pos = jnp.where(live, cache.lengths, cache.max_len)[:, None]
-        new_logits, cache = model(tok[:, None], pos, cache=cache, attend_len=attend_len,
+        pos = jnp.where(live, s.cache.lengths, s.cache.max_len)[:, None]
+        new_logits, cache = model(tok[:, None], pos, cache=s.cache, attend_len=attend_len,
                                   layer_weights=layers, rope_table=rope)
-        cache = dataclasses.replace(cache, lengths=cache.lengths + live)
-        logits = jnp.where(live[:, None], new_logits[:, 0], logits)
-        return step + 1, cache, logits, toks, lps, done, counts
+        return DecodeState(
+            step=s.step + 1,
+            cache=dataclasses.replace(cache, lengths=cache.lengths + live),
+            logits=jnp.where(live[:, None], new_logits[:, 0], s.logits),
+            tokens=s.tokens.at[:, s.step].set(jnp.where(live, tok, 0)),
+            logprobs=s.logprobs.at[:, s.step].set(jnp.where(live, lp, 0.0)),
+            done=s.done | stop | (counts >= max_new),
+            counts=counts)
 
-    init = (jnp.int32(0), cache, last_logits.astype(jnp.float32),
-            jnp.zeros((b, steps), jnp.int32), jnp.zeros((b, steps), jnp.float32),
-            ~active | (max_new <= 0), jnp.zeros((b,), jnp.int32))
-    _, cache, logits, toks, lps, _, counts = jax.lax.while_loop(cond, body, init)
+    init = DecodeState(step=jnp.int32(0), cache=cache, logits=last_logits.astype(jnp.float32),
+                       tokens=jnp.zeros((b, steps), jnp.int32),
+                       logprobs=jnp.zeros((b, steps), jnp.float32),
+                       done=~active | (max_new <= 0), counts=jnp.zeros((b,), jnp.int32))
+    s = jax.lax.while_loop(cond, body, init)
+    cache, logits, toks, lps, counts = s.cache, s.logits, s.tokens, s.logprobs, s.counts
     if unroll_layers:
         cache = full.merge_layers(cache)
     return cache, logits, toks, lps, counts
