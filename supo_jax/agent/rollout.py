@@ -165,6 +165,148 @@ def start_state(fmt: ChatFormat, cfg: C.ContextConfig, rs) -> C.RolloutState:
     return state
 
 
+class _Driver:
+    """The state of one run_rollouts call and its steps: start rows in free slots, generate
+    for every waiting row (one batch per actor), apply summaries, apply environment results,
+    close finished rows."""
+
+    def __init__(self, actor, summarizer, make_env, tasks, fmt, cfg, *, group_size, rows,
+                 env_timeout_s, env_workers, progress):
+        self.actor, self.summarizer, self.make_env = actor, summarizer, make_env
+        self.fmt, self.cfg, self.timeout, self.progress = fmt, cfg, env_timeout_s, progress
+        self.queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)][::-1]
+        self.free = list(range(rows))[::-1]
+        self.active: dict[int, _Row] = {}
+        self.results: dict[tuple[int, int], Rollout] = {}
+        self.pool = cf.ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
+
+    def close(self, row: _Row) -> None:
+        st = row.state
+        self.results[(row.group_id, row.sample)] = Rollout(
+            task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
+            sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
+            reward=float(st.reward),
+            reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
+            summary_probes=row.probes,
+            counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
+                          generated_tokens=st.generated_tokens,
+                          summary_lengths=list(st.summary_lengths),
+                          max_context=st.max_context, segments=len(st.segments),
+                          effective_context=st.effective_context))
+        del self.active[row.slot]
+        self.free.append(row.slot)
+        if self.progress:
+            self.progress(1)
+
+    def start_rows(self) -> None:
+        """Fill free slots from the queue (env.reset off the accelerator path); a reset that
+        fails, times out or gives a prompt over L fails that rollout only."""
+        starts = []
+        while self.free and self.queue:
+            task, gi, s = self.queue.pop()
+            slot = self.free.pop()
+            env = self.make_env()
+            starts.append((slot, task, gi, s, env, self.pool.submit(env.reset, task)))
+        for slot, task, gi, s, env, fut in starts:
+            try:
+                rs = fut.result(timeout=self.timeout)
+                state = start_state(self.fmt, self.cfg, rs)
+            except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
+                reason = ("timeout" if isinstance(e, cf.TimeoutError) else "context_limit"
+                          if isinstance(e, ValueError) and "initial prompt" in str(e)
+                          else "env_error")
+                row = _Row(slot, task, gi, s, env, C.RolloutState("", (), (), (), ()))
+                self.active[slot] = row
+                row.state = C.finish(row.state, reason, close=False)
+                row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
+                self.close(row)
+                continue
+            self.active[slot] = _Row(slot, task, gi, s, env, state)
+
+    def generate(self, acting: list[_Row], summ: list[_Row]) -> dict:
+        """slot -> Generation for every waiting row: one batch per actor (one batch in all
+        when the summarizer is the acting policy)."""
+        cfg = self.cfg
+        groups = [(acting, self.actor)]
+        if summ:
+            groups.append((summ, self.summarizer if cfg.manager == "frozen_summarizer"
+                           else self.actor))
+        merged = [(rs, a) for rs, a in groups if rs]
+        if len(merged) == 2 and merged[0][1] is merged[1][1]:
+            merged = [(acting + summ, self.actor)]
+        gens = {}
+        for rs, a in merged:
+            reqs = []
+            for r in rs:
+                toks = C.request_tokens(self.fmt, r.state)
+                is_sum = r.state.phase == "summarize"
+                budget = cfg.budget(len(toks), is_sum)    # > 0: a context below L leaves room
+                reqs.append(Request(r.slot, toks, budget, r.state.messages, is_sum))
+            for r, g in zip(rs, a.act(reqs)):
+                gens[r.slot] = g
+        return gens
+
+    def apply_summaries(self, summ: list[_Row], gens: dict) -> None:
+        cfg = self.cfg
+        for r in summ:
+            g = gens[r.slot]
+            text = self.fmt.action_text(g.tokens)
+            turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+            r.transcript += [{"role": "user", "content": cfg.summary_instruction},
+                             {"role": "assistant", "content": text, "summary": True}]
+            r.summaries.append(text)
+            try:  # does the summary carry the state needed to continue? (a metric)
+                r.probes.append(r.env.probe(text))
+            except Exception:  # noqa: BLE001
+                r.probes.append(None)
+            r.state = C.after_summary(cfg, self.fmt, r.state, turn,
+                                      trained=cfg.manager != "frozen_summarizer")
+            r.transcript.append(dict(r.state.messages[-1], continuation=True))
+
+    def apply_env_results(self, acting: list[_Row], gens: dict, futs: dict) -> None:
+        """Each action's environment result (a timeout or an exception ends that rollout)."""
+        for r in acting:
+            g = gens[r.slot]
+            text, fut = futs[r.slot]
+            turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+            r.transcript.append({"role": "assistant", "content": text})
+            try:
+                res = fut.result(timeout=self.timeout)
+            except cf.TimeoutError:
+                r.state = C.finish(r.state, "timeout")
+                r.transcript.append({"role": "error", "content": "environment step timed out"})
+                continue
+            except Exception as e:  # noqa: BLE001
+                r.state = C.finish(r.state, "env_error")
+                r.transcript.append({"role": "error", "content": f"step: {e!r}"[:500]})
+                continue
+            obs = None if res.done else _cut_observation(self.fmt, res.observation,
+                                                         self.cfg.max_observation_tokens)
+            if obs is not None:
+                r.transcript.append({"role": "tool", "content": obs})
+            r.state = C.after_action(self.cfg, self.fmt, r.state, turn, obs, res.done, res.reward,
+                                     tool_call="error" not in (res.info or {}))
+
+    def step(self) -> None:
+        """One round: start rows, generate, run the actions' tool calls in parallel while the
+        summaries are applied, apply the results, close finished rows."""
+        self.start_rows()
+        if not self.active:
+            return
+        acting = [r for r in self.active.values() if r.state.phase == "act"]
+        summ = [r for r in self.active.values() if r.state.phase == "summarize"]
+        gens = self.generate(acting, summ)
+        futs = {}
+        for r in acting:
+            text = self.fmt.action_text(gens[r.slot].tokens)
+            futs[r.slot] = (text, self.pool.submit(r.env.act, text))
+        self.apply_summaries(summ, gens)
+        self.apply_env_results(acting, gens, futs)
+        for r in list(self.active.values()):
+            if r.state.phase == "done":
+                self.close(r)
+
+
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
                  fmt: ChatFormat, cfg: C.ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
@@ -176,127 +318,14 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
     """
     if cfg.manager == "frozen_summarizer" and summarizer is None:
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
-    queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)]
-    queue.reverse()
-    free = list(range(rows))[::-1]
-    active: dict[int, _Row] = {}
-    results: dict[tuple[int, int], Rollout] = {}
-    pool = cf.ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
-
-    def run(fn, *args):
-        return pool.submit(fn, *args)
-
-    def close(row: _Row):
-        st = row.state
-        results[(row.group_id, row.sample)] = Rollout(
-            task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
-            sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
-            reward=float(st.reward),
-            reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
-            summary_probes=row.probes,
-            counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
-                          generated_tokens=st.generated_tokens,
-                          summary_lengths=list(st.summary_lengths),
-                          max_context=st.max_context, segments=len(st.segments),
-                          effective_context=st.effective_context))
-        del active[row.slot]
-        free.append(row.slot)
-        if progress:
-            progress(1)
-
+    d = _Driver(actor, summarizer, make_env, tasks, fmt, cfg, group_size=group_size, rows=rows,
+                env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress)
     try:
-        while queue or active:
-            # fill free slots (env.reset off the accelerator path)
-            starts = []
-            while free and queue:
-                task, gi, s = queue.pop()
-                slot = free.pop()
-                env = make_env()
-                starts.append((slot, task, gi, s, env, run(env.reset, task)))
-            for slot, task, gi, s, env, fut in starts:
-                try:
-                    rs = fut.result(timeout=env_timeout_s)
-                    state = start_state(fmt, cfg, rs)
-                except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
-                    reason = ("timeout" if isinstance(e, cf.TimeoutError) else "context_limit"
-                              if isinstance(e, ValueError) and "initial prompt" in str(e)
-                              else "env_error")
-                    row = _Row(slot, task, gi, s, env, C.RolloutState("", (), (), (), ()))
-                    active[slot] = row
-                    row.state = C.finish(row.state, reason, close=False)
-                    row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
-                    close(row)
-                    continue
-                active[slot] = _Row(slot, task, gi, s, env, state)
-            if not active:
-                continue
-            # one batch per actor
-            acting = [r for r in active.values() if r.state.phase == "act"]
-            summ = [r for r in active.values() if r.state.phase == "summarize"]
-            gens = {}
-            groups = [(acting, actor, False)]
-            if summ:
-                groups.append((summ, summarizer if cfg.manager == "frozen_summarizer" else actor, True))
-            merged = [(rs, a, flag) for rs, a, flag in groups if rs]
-            if len(merged) == 2 and merged[0][1] is merged[1][1]:
-                merged = [(acting + summ, actor, None)]
-            for rs, a, flag in merged:
-                reqs = []
-                for r in rs:
-                    st = r.state
-                    toks = C.request_tokens(fmt, st)
-                    is_sum = st.phase == "summarize"
-                    budget = cfg.budget(len(toks), is_sum)    # > 0: a context below L leaves room
-                    reqs.append(Request(r.slot, toks, budget, st.messages, is_sum))
-                for r, g in zip(rs, a.act(reqs)):
-                    gens[r.slot] = g
-            # environment steps for actions, in parallel
-            futs = {}
-            for r in acting:
-                g = gens[r.slot]
-                text = fmt.action_text(g.tokens)
-                futs[r.slot] = (text, run(r.env.act, text))
-            for r in summ:
-                g = gens[r.slot]
-                text = fmt.action_text(g.tokens)
-                turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
-                r.transcript += [{"role": "user", "content": cfg.summary_instruction},
-                                 {"role": "assistant", "content": text, "summary": True}]
-                r.summaries.append(text)
-                try:  # does the summary carry the state needed to continue? (a metric)
-                    r.probes.append(r.env.probe(text))
-                except Exception:  # noqa: BLE001
-                    r.probes.append(None)
-                r.state = C.after_summary(cfg, fmt, r.state, turn,
-                                          trained=cfg.manager != "frozen_summarizer")
-                r.transcript.append(dict(r.state.messages[-1], continuation=True))
-            for r in acting:
-                g = gens[r.slot]
-                text, fut = futs[r.slot]
-                turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
-                r.transcript.append({"role": "assistant", "content": text})
-                try:
-                    res = fut.result(timeout=env_timeout_s)
-                except cf.TimeoutError:
-                    r.state = C.finish(r.state, "timeout")
-                    r.transcript.append({"role": "error", "content": "environment step timed out"})
-                    continue
-                except Exception as e:  # noqa: BLE001
-                    r.state = C.finish(r.state, "env_error")
-                    r.transcript.append({"role": "error", "content": f"step: {e!r}"[:500]})
-                    continue
-                obs = None if res.done else _cut_observation(fmt, res.observation,
-                                                             cfg.max_observation_tokens)
-                if obs is not None:
-                    r.transcript.append({"role": "tool", "content": obs})
-                r.state = C.after_action(cfg, fmt, r.state, turn, obs, res.done, res.reward,
-                                         tool_call="error" not in (res.info or {}))
-            for r in list(active.values()):
-                if r.state.phase == "done":
-                    close(r)
+        while d.queue or d.active:
+            d.step()
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return [results[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
+        d.pool.shutdown(wait=False, cancel_futures=True)
+    return [d.results[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
 
 
 def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:
