@@ -60,9 +60,9 @@ def test_registry_and_tasks():
 
 
 def test_corpus_deterministic_and_shared():
-    a, b = S._build_world(3, 300), S._build_world(3, 300)
+    a, b = S.build_world(3, 300), S.build_world(3, 300)
     assert a.docs == b.docs and a.doc_ids == b.doc_ids
-    assert S._build_world(4, 300).docs != a.docs
+    assert S.build_world(4, 300).docs != a.docs
     assert len(a.docs) == 300 and len({t for t, _, _ in a.docs}) > 250
     names = [e.name for e in a.entities]
     assert len({n.lower() for n in names}) == len(names)  # titles of entities are unique
