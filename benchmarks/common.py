@@ -237,7 +237,7 @@ def tiny_policy(hidden: int, layers: int, *, heads: int = 4, kv_heads: int = 2, 
     template, BPE tokenizer trained on fncall/tallest texts), at the given width and depth.
     smoke: the tokenizer is trained on the built-in corpus only (seconds faster; longer prompts)."""
     from supo_jax.config import load_config
-    from supo_jax.rl.trainer import build_policy
+    from supo_jax.rl.runs import build_policy
 
     cfg = load_config(None, [f"model.tiny_hidden={hidden}", f"model.tiny_layers={layers}",
                              f"model.tiny_heads={heads}", f"model.tiny_kv_heads={kv_heads}",

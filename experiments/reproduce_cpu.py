@@ -50,7 +50,8 @@ def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
 def warm_start_once(cfg, out: str, log=print) -> tuple[str, dict]:
     """SFT the configured tiny policy once; returns (HF dir, report). Reused when present."""
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.trainer import build_policy, warm_start
+    from supo_jax.rl.runs import build_policy
+    from supo_jax.rl.trainer import warm_start
 
     hf = os.path.join(out, "sft")
     meta = os.path.join(out, "sft.json")
@@ -86,8 +87,9 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
                      f"{_fmt(r['success_rate'], True)} | {_fmt(r['tool_calls_mean'])} | "
                      f"{_fmt(r['summaries_mean'])} |")
     out = ["# CPU reproduction of SUPO's claims", "",
-           f"Command: `{meta['command']}`; seeds {meta['seeds']}; {meta['minutes']:.1f} min on "
-           f"{meta['machine']}.", "",
+           f"Command: `{meta['command']}`; seeds {meta['seeds']}; {meta['minutes']:.1f} min wall "
+           f"for this invocation, {meta['compute_minutes']:.1f} min of SFT and runs in all "
+           f"(runs finished by an earlier invocation are reused), on {meta['machine']}.", "",
            f"Task: {meta['task']}. SFT warm start: {sft.get('sft_segments')} demonstration rows, "
            f"loss {sft.get('sft_loss_first', float('nan')):.2f} -> "
            f"{sft.get('sft_loss_last', float('nan')):.2f}.", "",
@@ -156,6 +158,7 @@ def main(argv=None) -> int:
     import platform
     meta = {"command": "python experiments/reproduce_cpu.py " + " ".join(argv or sys.argv[1:]),
             "seeds": seeds, "minutes": (time.time() - t0) / 60,
+            "compute_minutes": (sft.get("seconds", 0) + sum(x.get("seconds", 0) for x in results)) / 60,
             "machine": f"{os.cpu_count()} CPU cores, {_cpu_model() or platform.machine()}",
             "eval": (f"{base.env.eval_tasks} tasks x {base.train.eval_samples} samples at "
                      f"temperature {base.train.eval_temperature}" if base.train.eval_temperature > 0

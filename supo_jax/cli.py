@@ -43,7 +43,8 @@ def _config(args):
 def _cmd_train(args) -> None:
     import os
 
-    from supo_jax.rl.trainer import summary_table, train
+    from supo_jax.rl.metrics import summary_table
+    from supo_jax.rl.trainer import train
 
     import jax
 
@@ -66,7 +67,7 @@ def _restore_policy(cfg, mesh=None):
     import os
 
     from supo_jax.checkpoint import RunCheckpoints
-    from supo_jax.rl.trainer import build_policy, check_run_dir
+    from supo_jax.rl.runs import build_policy, check_run_dir
 
     ck = os.path.join(cfg.train.run_dir, "checkpoints")
     mgr = RunCheckpoints(ck) if os.path.isdir(ck) else None
@@ -92,7 +93,8 @@ def _cmd_eval(args) -> None:
     import jax
 
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.trainer import check_prompt_fits, evaluate
+    from supo_jax.rl.runs import check_prompt_fits
+    from supo_jax.rl.trainer import evaluate
 
     cfg = _config(args)
     policy = _restore_policy(cfg)
@@ -117,7 +119,8 @@ def _cmd_sft(args) -> None:
     import os
 
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.trainer import build_policy, check_prompt_fits, check_run_dir, warm_start
+    from supo_jax.rl.runs import build_policy, check_prompt_fits, check_run_dir
+    from supo_jax.rl.trainer import warm_start
 
     cfg = _config(args)
     os.makedirs(cfg.train.run_dir, exist_ok=True)
@@ -138,7 +141,7 @@ def _cmd_rollout(args) -> None:
     from supo_jax.config import load_config
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for, has_expert
-    from supo_jax.rl.trainer import check_prompt_fits
+    from supo_jax.rl.runs import check_prompt_fits
 
     # env.name first: task knobs belong to the config's own environment (apply_overrides)
     sets = [f"env.name={args.env}", f"context.manager={args.context}", *(args.set or [])]
@@ -151,14 +154,15 @@ def _cmd_rollout(args) -> None:
                          "--policy PATH to roll out a model)")
     tasks = make_tasks(cfg.env.name, args.split, args.num, seed=cfg.env.seed, **cfg.env.knobs)
     if args.policy == "scripted":
-        from supo_jax.rl.trainer import env_tokenizer
+        from supo_jax.rl.runs import env_tokenizer
         fmt = ChatFormat(env_tokenizer(cfg))   # the tokenizer a tiny policy of this config has
         check_prompt_fits(cfg, fmt, args.split)
         ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
                           lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
                           rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
     else:
-        from supo_jax.rl.trainer import build_policy, rollout_batch
+        from supo_jax.rl.runs import build_policy
+        from supo_jax.rl.trainer import rollout_batch
         policy = build_policy(cfg)
         if policy.tokenizer is None:
             raise ValueError(f"{args.policy} has no tokenizer")

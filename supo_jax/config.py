@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from supo_jax.agent.context import ContextConfig
 from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
-from supo_jax.rl.train_step import AdvantageConfig, LossConfig
+from supo_jax.rl.configs import AdvantageConfig, LossConfig
 
 
 @dataclasses.dataclass(frozen=True)

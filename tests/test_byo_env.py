@@ -85,7 +85,7 @@ def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp
     with pytest.raises(ConfigError, match="has no scripted expert.*sft.demos=PATH"):
         apply_overrides(Config(), sets)
     cfg = apply_overrides(Config(), sets + ["train.sft_warm_start=false"])
-    from supo_jax.rl.trainer import env_corpus, env_tokenizer
+    from supo_jax.rl.runs import env_corpus, env_tokenizer
     corpus = "\n".join(env_corpus(cfg, n=2))
     assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 is " in corpus
     assert len(env_tokenizer(cfg)) <= cfg.model.tiny_vocab + 64
@@ -153,6 +153,6 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
 
 def test_every_command_builds_the_same_tokenizer():
     cfg = load_config(None, ["env.name=fncall/count"])
-    from supo_jax.rl.trainer import env_tokenizer
+    from supo_jax.rl.runs import env_tokenizer
     a, b = env_tokenizer(cfg), env_tokenizer(cfg)
     assert a.get_vocab() == b.get_vocab() and len(a) > 600   # model.tiny_vocab (1024), not 512

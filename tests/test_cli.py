@@ -108,7 +108,7 @@ def test_resume_with_other_settings_is_refused_then_accepted(tmp_path, trained_r
     import shutil
 
     from supo_jax.config import ConfigError, load_config, to_dict
-    from supo_jax.rl.trainer import check_resume_config
+    from supo_jax.rl.runs import check_resume_config
 
     run = str(tmp_path / "run")
     shutil.copytree(trained_run, run)
@@ -139,7 +139,7 @@ def run_of_another_model(tmp_path_factory):
     from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.config import load_config
     from supo_jax.rl.train_step import make_optimizer
-    from supo_jax.rl.trainer import build_policy, check_run_dir
+    from supo_jax.rl.runs import build_policy, check_run_dir
 
     run_dir = str(tmp_path_factory.mktemp("other_model") / "run")
     os.makedirs(run_dir)
@@ -191,11 +191,11 @@ def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys):
 def test_progress_is_plain_lines_when_not_a_terminal(capsys):
     import io
 
-    from supo_jax.rl import trainer
-    bar = trainer._bar(3, "train", True)   # pytest's stderr is not a terminal
-    assert isinstance(bar, trainer.LineProgress)
+    from supo_jax.rl import metrics
+    bar = metrics.progress_bar(3, "train", True)   # pytest's stderr is not a terminal
+    assert isinstance(bar, metrics.LineProgress)
     out = io.StringIO()
-    bar = trainer.LineProgress(4, "rollouts 1", every=0.0, stream=out)
+    bar = metrics.LineProgress(4, "rollouts 1", every=0.0, stream=out)
     bar.set_postfix(success="0.50", loss="0.012")
     bar.update(1)
     bar.update(3)
@@ -205,7 +205,7 @@ def test_progress_is_plain_lines_when_not_a_terminal(capsys):
         "success=0.50 loss=0.012")
     assert lines[-1].startswith("rollouts 1: 4/4 (100%)")
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
-    quiet = trainer.LineProgress(10, "sft", every=3600.0, stream=out)
+    quiet = metrics.LineProgress(10, "sft", every=3600.0, stream=out)
     n = len(out.getvalue())
     quiet.update(5)
     assert len(out.getvalue()) == n   # at most one line per `every` seconds

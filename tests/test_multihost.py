@@ -105,7 +105,7 @@ def test_only_process_0_writes_logs_and_the_checkpoint_restores(two_process_run)
     from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.config import load_config
     from supo_jax.rl.train_step import make_optimizer
-    from supo_jax.rl.trainer import build_policy
+    from supo_jax.rl.runs import build_policy
 
     cfg = load_config(CONFIG, [f"train.run_dir={run_dir}"] + SETS)
     policy = build_policy(cfg, run_dir)          # one process, the run's tokenizer

@@ -10,7 +10,8 @@ from supo_jax.agent.context import Segment
 from supo_jax.rl.algo import (leave_one_out_advantages, policy_loss, rollout_group_advantages,
                               trajectory_group_advantages)
 from supo_jax.rl.batch import build_batch
-from supo_jax.rl.train_step import AdvantageConfig, rollout_advantages
+from supo_jax.rl.batch import rollout_advantages
+from supo_jax.rl.configs import AdvantageConfig
 
 
 def np_loss(logp, old, adv, mask, lo=0.2, hi=0.28):

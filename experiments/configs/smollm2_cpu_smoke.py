@@ -17,7 +17,7 @@ from supo_jax.agent.context import ContextConfig
 from supo_jax.config import (Config, ConfigError, EnvSection, ModelSection, OptimSection,
                              RolloutSection, TrainSection)
 from supo_jax.model.smollm2 import smollm2_gguf_path
-from supo_jax.rl.train_step import AdvantageConfig, LossConfig
+from supo_jax.rl.configs import AdvantageConfig, LossConfig
 
 
 def config() -> Config:

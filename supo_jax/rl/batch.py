@@ -14,8 +14,10 @@ import dataclasses
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from supo_jax.rl.algo import ADVANTAGES
 
 
 @jax.tree_util.register_dataclass
@@ -100,3 +102,27 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
             out["advantages"][i, sl] = adv
             off += n
     return TrainBatch(**out)
+
+
+def rollout_advantages(rollouts: Sequence, cfg):
+    """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags):
+    each rollout's group-relative advantage (cfg: rl.configs.AdvantageConfig) broadcast to its
+    segments; rollouts whose reason is in cfg.masked_reasons give no rows."""
+    if not rollouts:
+        return [], [], np.zeros(0), np.zeros(0, bool)
+    groups = sorted({r.group_id for r in rollouts})
+    gidx = np.asarray([groups.index(r.group_id) for r in rollouts], np.int32)
+    rewards = np.asarray([r.reward for r in rollouts], np.float32)
+    trained = np.asarray([r.reason not in cfg.masked_reasons for r in rollouts])
+    counts = np.ones_like(trained) if cfg.masked_count_in_stats else trained
+    nseg = np.asarray([max(1, len(r.segments)) for r in rollouts], np.int32)
+    adv = np.asarray(ADVANTAGES[cfg.estimator](
+        jnp.asarray(rewards), jnp.asarray(gidx), jnp.asarray(counts), len(groups),
+        normalize_std=cfg.normalize_std, eps=cfg.eps, num_segments=jnp.asarray(nseg)))
+    segs, seg_adv = [], []
+    for r, a, t in zip(rollouts, adv, trained):
+        if t:
+            for s in r.segments:
+                segs.append(s)
+                seg_adv.append(float(a))
+    return segs, seg_adv, adv, trained

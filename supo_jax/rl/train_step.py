@@ -1,4 +1,4 @@
-"""The jitted SUPO train step and the rollout -> (segments, advantages) bridge.
+"""The jitted SUPO train step and its optimizer.
 
     train_step(graphdef, params, opt_state, batch) -> params, opt_state, metrics
 
@@ -11,79 +11,19 @@ over (data, fsdp).
 """
 from __future__ import annotations
 
-import dataclasses
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
-from supo_jax.agent.context import NO_ANSWER
-from supo_jax.rl.algo import ADVANTAGES, aggregation_norm, policy_loss
+from supo_jax.rl.algo import aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
+from supo_jax.rl.configs import LossConfig
 
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
 
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    objective: str = "ppo"       # "ppo" (the SUPO loss) | "sft" (NLL of the masked tokens)
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    temperature: float = 1.0     # the sampler's temperature (the trainer sets it from rollout.temperature)
-    logit_chunk: int = 8192      # tokens per LM-head chunk (Decoder.score: no [B, T, V] tensor;
-                                 # larger chunks run faster on a GPU, see BENCHMARKS.md)
-
-    def __post_init__(self):
-        if self.objective not in ("ppo", "sft"):
-            raise ValueError(f"loss.objective={self.objective!r}: ppo or sft")
-        if self.aggregation not in ("token-mean", "sequence-mean"):
-            raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
-        if self.logit_chunk < 1:
-            raise ValueError(f"loss.logit_chunk={self.logit_chunk}: must be >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class AdvantageConfig:
-    estimator: str = "rollout_group"
-    normalize_std: bool = True
-    eps: float = 1e-6
-    masked_reasons: tuple[str, ...] = NO_ANSWER   # overlong masking: no gradient at all
-    masked_count_in_stats: bool = True
-
-    def __post_init__(self):
-        if self.estimator not in ADVANTAGES:
-            raise ValueError(f"advantage.estimator={self.estimator!r} is not one of "
-                             f"{', '.join(ADVANTAGES)}")
-
-
-def rollout_advantages(rollouts: Sequence, cfg: AdvantageConfig):
-    """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags)."""
-    if not rollouts:
-        return [], [], np.zeros(0), np.zeros(0, bool)
-    groups = sorted({r.group_id for r in rollouts})
-    gidx = np.asarray([groups.index(r.group_id) for r in rollouts], np.int32)
-    rewards = np.asarray([r.reward for r in rollouts], np.float32)
-    trained = np.asarray([r.reason not in cfg.masked_reasons for r in rollouts])
-    counts = np.ones_like(trained) if cfg.masked_count_in_stats else trained
-    nseg = np.asarray([max(1, len(r.segments)) for r in rollouts], np.int32)
-    adv = np.asarray(ADVANTAGES[cfg.estimator](
-        jnp.asarray(rewards), jnp.asarray(gidx), jnp.asarray(counts), len(groups),
-        normalize_std=cfg.normalize_std, eps=cfg.eps, num_segments=jnp.asarray(nseg)))
-    segs, seg_adv = [], []
-    for r, a, t in zip(rollouts, adv, trained):
-        if t:
-            for s in r.segments:
-                segs.append(s)
-                seg_adv.append(float(a))
-    return segs, seg_adv, adv, trained
 
 
 def make_optimizer(lr: float = 1e-6, *, schedule: str = "constant", warmup_steps: int = 0,

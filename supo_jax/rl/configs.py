@@ -1,0 +1,43 @@
+"""The loss and advantage settings (the `loss` and `advantage` config sections): plain frozen
+dataclasses, checked on construction; loading a config does not import the optimizer."""
+from __future__ import annotations
+
+import dataclasses
+
+from supo_jax.agent.context import NO_ANSWER
+from supo_jax.rl.algo import ADVANTAGES
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    objective: str = "ppo"       # "ppo" (the SUPO loss) | "sft" (NLL of the masked tokens)
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: str = "token-mean"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0     # the sampler's temperature (the trainer sets it from rollout.temperature)
+    logit_chunk: int = 8192      # tokens per LM-head chunk (Decoder.score: no [B, T, V] tensor;
+                                 # larger chunks run faster on a GPU, see BENCHMARKS.md)
+
+    def __post_init__(self):
+        if self.objective not in ("ppo", "sft"):
+            raise ValueError(f"loss.objective={self.objective!r}: ppo or sft")
+        if self.aggregation not in ("token-mean", "sequence-mean"):
+            raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
+        if self.logit_chunk < 1:
+            raise ValueError(f"loss.logit_chunk={self.logit_chunk}: must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    estimator: str = "rollout_group"
+    normalize_std: bool = True
+    eps: float = 1e-6
+    masked_reasons: tuple[str, ...] = NO_ANSWER   # overlong masking: no gradient at all
+    masked_count_in_stats: bool = True
+
+    def __post_init__(self):
+        if self.estimator not in ADVANTAGES:
+            raise ValueError(f"advantage.estimator={self.estimator!r} is not one of "
+                             f"{', '.join(ADVANTAGES)}")

@@ -1,0 +1,120 @@
+"""What a run reports: progress (a bar on a terminal or in a notebook, plain periodic lines
+otherwise), metrics.jsonl + TensorBoard events (process 0), and the closing summary table."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from supo_jax.agent.rollout import summarize
+from supo_jax.rl.multihost import is_main
+
+
+class LineProgress:
+    """Progress as plain log lines (when stderr is not a terminal, e.g. a log file): the
+    tqdm calls the trainer makes (update, set_postfix, close), printed at most every
+    `every` seconds and once at the end."""
+
+    def __init__(self, total: int, desc: str, every: float = 30.0, stream=None):
+        self.total, self.desc, self.every = total, desc, every
+        self.stream = stream or sys.stderr
+        self.n, self.postfix = 0, ""
+        self.t0 = self.last = time.time()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.time() - self.last >= self.every:
+            self._line()
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = " ".join(f"{k}={v}" for k, v in kw.items())
+
+    def _line(self) -> None:
+        self.last = time.time()
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        print(f"{self.desc}: {self.n}/{self.total}{pct} {self.last - self.t0:.0f}s {self.postfix}"
+              .rstrip(), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self._line()
+
+
+def progress_bar(total, desc, enabled):
+    """A progress bar on a terminal or in a notebook, plain periodic lines otherwise."""
+    if not enabled or not is_main():
+        return None
+    if not sys.stderr.isatty() and "ipykernel" not in sys.modules:
+        return LineProgress(total, desc)
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+class MetricsLog:
+    """metrics.jsonl (one object per step) + TensorBoard event files, process 0 only."""
+
+    def __init__(self, run_dir: str, resume_step: int):
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.tb = None
+        self.kept: list[dict] = []   # rows of the steps before a resume
+        if not is_main():
+            return
+        kept = []
+        if os.path.exists(self.path):  # drop rows of steps that will be replayed
+            with open(self.path) as f:
+                kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
+        with open(self.path, "w") as f:
+            f.writelines(kept)
+        self.kept = [json.loads(ln) for ln in kept]
+        try:
+            from tensorboardX import SummaryWriter
+            self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
+        except ImportError:  # pragma: no cover - tensorboardX is a dependency
+            self.tb = None
+
+    def write(self, row: dict) -> None:
+        if not is_main():
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+                    self.tb.add_scalar(k, v, row["step"])
+            self.tb.flush()
+
+    def close(self):
+        if self.tb is not None:
+            self.tb.close()
+
+
+def eval_row(ev: dict) -> dict:
+    return {f"eval/{k}": v for k, v in ev.items() if isinstance(v, (int, float))}
+
+
+def summarize_scalars(rollouts) -> dict:
+    s = summarize(rollouts)
+    return {k: v for k, v in s.items() if isinstance(v, (int, float))}
+
+
+def summary_table(history: list[dict], final: dict | None = None,
+                  before: dict | None = None) -> str:
+    """A terminal table: the eval before training, the first / last step, the final eval."""
+    keys = ["success_rate", "reward_mean", "loss", "p_summary", "summaries_mean", "tool_calls_mean",
+            "working_context_mean", "working_context_max", "effective_context_mean",
+            "overlong_rate", "summary_state_share",
+            "rollout_seconds", "update_seconds"]
+    if not history:
+        return "(no steps run)"
+    cols = ([("eval before", before)] if before else []) + [
+        (f"step {history[0]['step']}", history[0]), (f"step {history[-1]['step']}", history[-1])
+    ] + ([("eval after" if before else "eval", final)] if final else [])
+
+    def cell(d, k):
+        v = d.get(k) if d else None
+        return f"{v:12.3f}" if isinstance(v, (int, float)) else f"{'-':>12s}"
+    lines = [f"{'metric':28s}" + "".join(f" {name:>12s}" for name, _ in cols)]
+    for k in keys:
+        lines.append(f"{k:28s}" + "".join(f" {cell(d, k)}" for _, d in cols))
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""Run setup: the policy a config describes (a checkpoint, or a tiny one whose tokenizer is
+trained on the environment's texts), and the checks of a run directory (same model, same
+config on resume) and of the context bound (the initial prompt fits)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+
+from supo_jax import config as C
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.rollout import start_state
+from supo_jax.model.policy import Policy, load_policy, new_policy
+from supo_jax.rl.multihost import barrier, is_main
+
+
+def _sample_value(schema: dict):
+    """A plausible value of a JSON-schema type (for calls the corpus shows without an expert)."""
+    t = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(schema, dict) and schema.get("enum"):
+        return schema["enum"][0]
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": [],
+            "object": {}}.get(t, "text")
+
+
+def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
+    """Texts of the environment for a tiny policy's tokenizer: the summary and continuation
+    templates, task prompts, tool schemas, and turns: the scripted expert's where the
+    environment has one, else one call of each tool with schema-typed arguments and its
+    observation; plus the JSONL demonstrations when sft.demos is a file."""
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.envs.experts import expert_for, has_expert
+    from supo_jax.text.parsing import format_tool_call
+
+    texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
+    expert = expert_for(cfg.env.name) if has_expert(cfg.env.name) else None
+    for task in make_tasks(cfg.env.name, "train", n, seed=10_000 + cfg.env.seed, **cfg.env.knobs):
+        env = make_env(cfg.env.name)
+        rs = env.reset(task)
+        texts += [rs.prompt, rs.system or "", json.dumps([t.schema() for t in rs.tools])]
+        if expert is None:
+            for tool in rs.tools:   # the answer tool last: it ends the episode
+                props = tool.parameters.get("properties", {})
+                call = format_tool_call(tool.name, {k: _sample_value(v) for k, v in props.items()})
+                texts.append(call)
+                try:
+                    texts.append(env.act(call).observation)
+                except Exception:   # noqa: BLE001  (a sample call the environment rejects)
+                    pass
+            continue
+        msgs = [{"role": "user", "content": rs.prompt}]
+        for _ in range(12):
+            a = expert.act(msgs, False)
+            res = env.act(a)
+            texts.append(a)
+            if res.done:
+                break
+            texts.append(res.observation)
+            msgs += [{"role": "assistant", "content": a}, {"role": "tool", "content": res.observation}]
+        texts.append(expert.act(msgs, True))
+    if cfg.sft.demos != "expert" and os.path.isfile(cfg.sft.demos):
+        with open(cfg.sft.demos) as f:
+            texts += [line for _, line in zip(range(256), f)]
+    return texts
+
+
+def env_tokenizer(cfg: C.Config, out_dir: str | None = None):
+    """The tiny policy's tokenizer for this config (every command builds the same one)."""
+    from supo_jax.model.tiny import tiny_tokenizer
+
+    m = cfg.model
+    return tiny_tokenizer(out_dir, vocab_size=m.tiny_vocab, extra_corpus=env_corpus(cfg),
+                          template=m.tiny_template)
+
+
+def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy:
+    """The configured policy: a checkpoint (model.path / train.init_from) or a tiny random one
+    whose tokenizer is trained on the environment's texts (saved in the run directory)."""
+    m = cfg.model
+    path = cfg.train.init_from or m.path
+    if path:
+        return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
+                           **m.decoder_options())
+    from supo_jax.model.policy import load_tokenizer
+    from supo_jax.model.tiny import tiny_config
+
+    tok_dir = os.path.join(run_dir, "tokenizer") if run_dir else None
+    fresh = not (tok_dir and os.path.isdir(tok_dir))
+    barrier("supo_jax:tokenizer:looked")   # every process looked before process 0 writes
+    tok = None
+    if fresh and (is_main() or not tok_dir):
+        tok = env_tokenizer(cfg, tok_dir)
+    barrier("supo_jax:tokenizer:written")  # the others load process 0's tokenizer
+    if tok is None:
+        tok = load_tokenizer(tok_dir)
+    vocab = int(math.ceil(len(tok) / 8) * 8)
+    mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
+                     heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
+    return new_policy(mc, dtype=m.dtype, compute_dtype=m.compute_dtype or None, mesh=mesh,
+                      seed=cfg.train.seed, tokenizer=tok, **m.decoder_options())
+
+
+def model_signature(policy: Policy) -> dict:
+    """The architecture fields a checkpoint must match (saved in the run directory)."""
+    d = policy.config.to_hf_dict()
+    keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim")
+    return {k: d.get(k) for k in keys}
+
+
+def model_fingerprint(policy: Policy) -> str:
+    sig = model_signature(policy)
+    return hashlib.sha1(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> None:
+    """Fail at start (a ValueError naming context.working_context) when the first task's
+    initial prompt, rendered with the policy's tokenizer, does not fit the working context."""
+    from supo_jax.envs import make_env, make_tasks
+
+    knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
+    task = make_tasks(cfg.env.name, split, 1, seed=cfg.env.seed, **knobs)[0]
+    start_state(fmt, cfg.context, make_env(cfg.env.name).reset(task))
+
+
+def row_len(cfg: C.Config, fmt: ChatFormat) -> int:
+    return cfg.optim.max_row_len or cfg.context.row_bound(fmt)
+
+
+def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None:
+    """Refuse a run directory whose run.json names a different model, naming the directory
+    and the architecture fields that differ; record=True writes run.json if absent."""
+    meta = os.path.join(run_dir, "run.json")
+    fp, sig = model_fingerprint(policy), model_signature(policy)
+    old = None
+    if os.path.exists(meta):
+        with open(meta) as f:
+            old = json.load(f)
+    barrier("supo_jax:run.json:read")   # every process read it before process 0 writes
+    if old is not None and old.get("model_fingerprint") != fp:
+        was = old.get("model") or {}
+        diff = "; ".join(f"{k} {was[k]} there, {sig[k]} here" for k in sig
+                         if k in was and was[k] != sig[k])
+        raise ValueError(f"run directory {run_dir} holds a checkpoint of a different model "
+                         f"({diff or 'model fingerprint ' + str(old.get('model_fingerprint'))}); "
+                         "use another train.run_dir or that run's model settings")
+    if old is None and record and is_main():
+        with open(meta, "w") as f:
+            json.dump({"model_fingerprint": fp, "model": sig}, f, indent=2)
+
+
+def check_resume_config(run_dir: str, cfg: C.Config, steps) -> None:
+    """A run directory holding checkpoints resumes only with the settings that produced them
+    (C.RESUMABLE_KEYS may change): otherwise a ConfigError lists the differences and the two
+    ways on. With train.accept_config_change the saved config is kept as config.step<N>.json."""
+    fn = os.path.join(run_dir, "config.json")
+    if not steps or not os.path.exists(fn):
+        return
+    with open(fn) as f:
+        saved = json.load(f)
+    changes = C.config_changes(saved, cfg)
+    if not changes:
+        return
+    if not cfg.train.accept_config_change:
+        raise C.ConfigError(
+            f"{run_dir} holds a run (checkpoint step {max(steps)}) made with other settings:\n  "
+            + "\n  ".join(changes) + "\nstart a new run with another train.run_dir, or continue "
+            "this one with the new settings: --set train.accept_config_change=true")
+    if is_main():
+        os.replace(fn, os.path.join(run_dir, f"config.step{max(steps)}.json"))
+        print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
+              f"config is kept as config.step{max(steps)}.json")
