@@ -1,5 +1,5 @@
 """The loss and advantage settings (the `loss` and `advantage` config sections): plain frozen
-dataclasses, checked on construction; loading a config does not import the optimizer."""
+dataclasses, checked on construction (config.py imports these, not the train step)."""
 from __future__ import annotations
 
 import dataclasses
