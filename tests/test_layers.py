@@ -6,6 +6,7 @@ or inside a function, goes down or sideways in
 and no group of modules imports itself in a cycle. A new upward import fails here with the
 line that made it."""
 import ast
+import re
 import os
 
 import pytest
@@ -104,3 +105,15 @@ def test_the_walker_sees_function_level_imports(tmp_path, bad):
     src = tmp_path / "m.py"
     src.write_text(f"def f():\n    from {bad} import train\n")
     assert _imports(str(src), {bad}) == [(bad, 2)]
+
+
+def test_architecture_doc_states_these_layers():
+    doc = open(os.path.join(os.path.dirname(PKG), "docs", "ARCHITECTURE.md")).read()
+    line = next(ln for ln in doc.splitlines() if ln.strip().startswith("layers:"))
+    stated = [tuple(x.strip() for x in group.split(","))
+              for group in line.split(":", 1)[1].split("->")]
+    assert stated == [g for g in LAYERS if g != ("cli", "__init__")] + [("cli",)]
+    for path in re.findall(r"\b((?:[a-z_]+/)+[a-z_]+\.py|[a-z_]+\.py)\b", doc):
+        full = os.path.join(PKG, path) if "/" in path else None
+        if full and not path.startswith("tests/"):
+            assert os.path.exists(full), f"docs/ARCHITECTURE.md names {path}, which does not exist"
