@@ -1,6 +1,7 @@
 """A miniature of experiments/reproduce_cpu.py (2 SFT steps, 2 RL steps per method), so the
 reproduction pipeline cannot silently rot."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -22,8 +23,9 @@ def test_reproduce_cpu_quick(tmp_path):
     assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4"]
     for m in res["methods"]:
         assert m["seeds"] == [0] and m["success_rate"] is not None and m["before_success"] is not None
-    from supo_jax.config import Config
-    W, S = Config().context.working_context, 3
+    from supo_jax.config import load_config
+    base = load_config(os.path.join(ROOT, "experiments", "configs", "cpu_reproduce.py"))
+    W, S = base.context.working_context, base.context.max_summaries
     assert [s for s, _ in res["test_time_scaling"]] == [0, S, 2 * S, 4 * S]
     cfgs = {x["name"]: json.load(open(os.path.join(x["run_dir"], "config.json")))
             for x in res["runs"]}
@@ -41,3 +43,17 @@ def test_reproduce_cpu_quick(tmp_path):
     r2 = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert r2.stdout.count("finished earlier") == 5 and "training the SFT" not in r2.stdout
+
+
+def test_readme_results_block_is_the_committed_results_md():
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    try:
+        import update_readme
+    finally:
+        sys.path.pop(0)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    md = open(os.path.join(ROOT, update_readme.RESULTS, "results.md")).read()
+    assert update_readme.current(readme) == update_readme.block(md), \
+        "README's Results block differs from results.md: run python experiments/update_readme.py"
+    for png in re.findall(r"\]\((experiments/results/cpu_reproduce/[^)]+\.png)\)", readme):
+        assert os.path.getsize(os.path.join(ROOT, png)) > 1000
