@@ -156,3 +156,16 @@ def test_every_command_builds_the_same_tokenizer():
     from supo_jax.rl.runs import env_tokenizer
     a, b = env_tokenizer(cfg), env_tokenizer(cfg)
     assert a.get_vocab() == b.get_vocab() and len(a) > 600   # model.tiny_vocab (1024), not 512
+
+
+def test_readme_train_command_verbatim(cards_dir):
+    """The README's command, as written, from the directory holding my_envs/ (a few minutes:
+    SFT on the expert's demonstrations, 30 SUPO steps, eval, export)."""
+    env = dict(os.environ, XLA_FLAGS="",   # one CPU device, as a user's shell has
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    r = subprocess.run(COMMAND, shell=True, cwd=cards_dir, env=env, capture_output=True,
+                       text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^success_rate\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), \
+        r.stdout[-2000:]
+    assert (cards_dir / "runs" / "default" / "hf" / "config.json").exists()
