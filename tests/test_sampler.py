@@ -224,6 +224,30 @@ def test_kv_cache_split_and_merge_layers():
         model(tok, tok, cache=full, layer_weights=model.layer_weights())
 
 
+def test_kv_cache_write_and_read_agree_across_layouts():
+    """write stores new keys / values at each row's own slots (a slot past the cache is
+    dropped) in one layer only; read returns them; the stacked and the per-layer layouts
+    hold the same values."""
+    import jax.numpy as jnp
+    from supo_jax.model.decoder import KVCache
+    cfg = tiny_config("qwen2", vocab_size=97)
+    K, D = cfg.num_kv_heads, cfg.head_dim
+    full = KVCache.zeros(cfg, 2, 8)
+    rs = np.random.RandomState(7)
+    k, v = (jnp.asarray(rs.randn(2, K, 3, D), jnp.float32) for _ in range(2))
+    pos = jnp.array([[0, 1, 2], [5, 6, 9]], jnp.int32)       # row 1's last slot is past S = 8
+    stacked = full.write(jnp.int32(1), k, v, pos)
+    split = full.split_layers(8).write(1, k, v, pos)
+    sk, sv = stacked.read(jnp.int32(1), 8, jnp.float32)
+    pk, pv = split.read(1, 8, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(sk), np.asarray(pk).swapaxes(-1, -2))
+    np.testing.assert_array_equal(np.asarray(sv), np.asarray(pv))
+    np.testing.assert_array_equal(np.asarray(sv[0, :, :3]), np.asarray(v[0]))
+    np.testing.assert_array_equal(np.asarray(sk[1, :, 5:7]), np.asarray(k[1, :, :2]))
+    assert not np.any(np.asarray(sv[1, :, :5])) and not np.any(np.asarray(sv[1, :, 7:]))
+    assert not np.any(np.asarray(stacked.k[0])) and not np.any(np.asarray(stacked.k[2:]))
+
+
 def test_top_k_top_p_restrict_support(policy):
     rs = np.random.RandomState(3)
     p = _ids(rs, 6)

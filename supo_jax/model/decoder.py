@@ -1,8 +1,9 @@
 """The decoder: one Flax NNX module for the Qwen2/2.5, Qwen3 and Llama 3.x families.
 
-Read top to bottom: RMSNorm, rotary embedding (with llama3 scaling), grouped
-query attention (optional q/k/v bias, optional q/k RMSNorm), SwiGLU MLP, and
-the stack. Layer weights are stored stacked along a leading layer axis and the
+Read top to bottom: the KV cache (write / read one layer's slots), RMSNorm, rotary
+embedding (with llama3 scaling), the block as plain functions (project_qkv: grouped
+query projections with optional q/k/v bias and q/k RMSNorm; attend; block: attention
+plus SwiGLU MLP) over a Frame of what all blocks of one forward share, and the stack. Layer weights are stored stacked along a leading layer axis and the
 stack runs as one `jax.lax.scan`, so compile time does not grow with depth.
 
 Shapes: B batch, T new tokens, S cache length, E hidden, H query heads,
@@ -69,6 +70,30 @@ class KVCache:
     def batch(self) -> int:
         return self.k[0].shape[0] if self.per_layer else self.k.shape[1]
 
+    def write(self, i, k, v, positions) -> "KVCache":
+        """This cache with layer i's new keys and values k, v [B, K, T, D] stored at the slots
+        `positions` [B, T] (per row; a slot >= S is dropped: how padding is ignored).
+        i: a (traced) index into a stacked cache, a Python int into a per-layer one."""
+        b, nk = k.shape[:2]
+        rows, heads = jnp.arange(b)[:, None, None], jnp.arange(nk)[None, :, None]
+        slots = positions[:, None, :]
+        if self.per_layer:     # keys stored transposed [B, K, D, S]
+            ks, vs = list(self.k), list(self.v)
+            ks[i] = ks[i].at[rows, heads, :, slots].set(k.astype(ks[i].dtype), mode="drop")
+            vs[i] = vs[i].at[rows, heads, slots].set(v.astype(vs[i].dtype), mode="drop")
+            return KVCache(tuple(ks), tuple(vs), self.lengths)
+        return KVCache(self.k.at[i, rows, heads, slots].set(k.astype(self.k.dtype), mode="drop"),
+                       self.v.at[i, rows, heads, slots].set(v.astype(self.v.dtype), mode="drop"),
+                       self.lengths)
+
+    def read(self, i, span: int, dtype) -> tuple:
+        """Layer i's first `span` slots in `dtype`: (keys, values). Values [B, K, span, D];
+        keys the same from a stacked cache, transposed [B, K, D, span] from a per-layer one."""
+        if self.per_layer:
+            return self.k[i][..., :span].astype(dtype), self.v[i][:, :, :span].astype(dtype)
+        layer = lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False)[:, :, :span]
+        return layer(self.k).astype(dtype), layer(self.v).astype(dtype)
+
     def split_layers(self, span: int) -> "KVCache":
         """The first `span` slots of every layer as per-layer arrays: keys [B, K, D, span]
         (transposed), values [B, K, span, D]."""
@@ -121,6 +146,72 @@ def apply_rope(x, cos, sin):
     """Rotate-half rotary embedding. x [B, T, N, D], cos / sin [B, T, 1, D]."""
     x1, x2 = jnp.split(x, 2, axis=-1)
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """What every block of one forward shares: the rotary cos / sin [B, T, 1, D] of the
+    new tokens, their positions [B, T] (= cache slots), the packed rows' segment ids, and
+    with a cache the slots attended (`span`) and their mask [B, T, span] (slot <= position)."""
+    cos: jax.Array
+    sin: jax.Array
+    positions: jax.Array
+    segment_ids: jax.Array | None
+    span: int
+    mask: jax.Array | None
+    impl: str                  # attention implementation (supo_jax.model.attention)
+    precision: object          # lax.Precision of every matmul, None = the backend's default
+    dtype: object              # compute dtype
+
+    def mm(self, a, w):
+        return jnp.matmul(a, w.astype(self.dtype), precision=self.precision)
+
+
+def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict):
+    """Queries [B, T, H, D] and keys, values [B, K, T, D] of the normed input h [B, T, E],
+    with bias and q / k norm where the family has them, rotated."""
+    b, t = h.shape[:2]
+    q, k, v = f.mm(h, lw["wq"]), f.mm(h, lw["wk"]), f.mm(h, lw["wv"])
+    if cfg.qkv_bias:
+        q, k, v = (a + lw[n].astype(f.dtype) for a, n in ((q, "bq"), (k, "bk"), (v, "bv")))
+    q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lw["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, f.cos, f.sin), apply_rope(k, f.cos, f.sin)
+    return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+
+def attend(f: Frame, q, k, v, cache: KVCache | None, i):
+    """q [B, T, H, D] over the new keys / values k, v [B, K, T, D] -> ([B, T, H, D], cache).
+
+    Without a cache: causal within each row (and segment). With one: k, v are written into
+    layer i's slots first and q attends over the first `f.span` slots, each query to the
+    slots <= its position (every score for decode and short prefills, key blocks else)."""
+    if cache is None:
+        b, t = q.shape[:2]
+        q_index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        return causal_attention(q, k, v, q_index, f.segment_ids, impl=f.impl,
+                                precision=f.precision), None
+    cache = cache.write(i, k, v, f.positions)
+    k, v = cache.read(i, f.span, f.dtype)
+    if cache.per_layer or q.shape[1] * f.span <= 1024 * 1024:
+        o = xla_attention(q, k, v, f.mask, k_transposed=cache.per_layer, precision=f.precision)
+    else:
+        o = causal_attention(q, k, v, f.positions, impl="blockwise", precision=f.precision)
+    return o, cache
+
+
+def block(cfg: ModelConfig, f: Frame, x, lw: dict, cache: KVCache | None = None, i=0):
+    """One transformer block on x [B, T, E] with layer weights lw -> (x, cache)."""
+    q, k, v = project_qkv(cfg, f, rms_norm(x, lw["ln1"], cfg.rms_norm_eps), lw)
+    o, cache = attend(f, q, k, v, cache, i)
+    x = x + f.mm(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw["wo"])
+    h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
+    x = x + f.mm(jax.nn.silu(f.mm(h, lw["w_gate"])) * f.mm(h, lw["w_up"]), lw["w_down"])
+    return x, cache
 
 
 class Layers(nnx.Module):
@@ -288,96 +379,45 @@ class Decoder(nnx.Module):
         `rope_table` (from `self.rope_table(n)`): the rotary cos / sin of positions < n,
         looked up instead of computed (positions >= n read row n - 1: only for padding).
         """
-        cfg, dt = self.cfg, self.dtype
-        prec = self.matmul_precision()
-        b, t = tokens.shape
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
-        if rope_table is not None:     # rows of a precomputed table: no cos / sin here
-            cos, sin = (jnp.take(a, positions, axis=0, mode="clip")[:, :, None, :]
-                        for a in rope_table)
-        else:
-            emb = rope_angles(positions, jnp.asarray(rope_inv_freq(cfg)))[:, :, None, :]
-            cos, sin = jnp.cos(emb).astype(dt), jnp.sin(emb).astype(dt)
-        if cache is None:
-            q_index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            cache_kv = None
-        else:
-            s = attend_len or cache.max_len
-            cache_kv = (cache.k, cache.v)
-            mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]
-        # cache write indices [B, K, T]: row b, kv head h, slot positions[b, t]
-        rows = jnp.arange(b)[:, None, None]
-        heads = jnp.arange(cfg.num_kv_heads)[None, :, None]
-        slots = positions[:, None, :]
-        mm = lambda a, w: jnp.matmul(a, w.astype(dt), precision=prec)
-
-        def block(x, lw, kv, i):
-            """One transformer block. kv: this layer's caches (k [B, K, D, S], v [B, K, S, D])
-            when i is None, else the stacked caches [L, ...] and i the layer's index
-            (kv None: no cache)."""
-            h = rms_norm(x, lw["ln1"], cfg.rms_norm_eps)
-            q, k, v = mm(h, lw["wq"]), mm(h, lw["wk"]), mm(h, lw["wv"])
-            if cfg.qkv_bias:
-                q, k, v = (a + lw[n].astype(dt) for a, n in ((q, "bq"), (k, "bk"), (v, "bv")))
-            q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
-            k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
-                q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps)
-                k = rms_norm(k, lw["k_norm"], cfg.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)      # [B, K, T, D]
-            if kv is None:
-                o = causal_attention(q, k, v, q_index, segment_ids, impl=self.attention,
-                                     precision=prec)
-            else:
-                ck, cv = kv
-                if i is None:       # per-layer arrays, keys transposed
-                    ck = ck.at[rows, heads, :, slots].set(k.astype(ck.dtype), mode="drop")
-                    cv = cv.at[rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
-                    k, v = ck[..., :s].astype(dt), cv[:, :, :s].astype(dt)
-                else:
-                    ck = ck.at[i, rows, heads, slots].set(k.astype(ck.dtype), mode="drop")
-                    cv = cv.at[i, rows, heads, slots].set(v.astype(cv.dtype), mode="drop")
-                    k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)[:, :, :s].astype(dt)
-                    v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)[:, :, :s].astype(dt)
-                kv = (ck, cv)
-                if i is None or t * s <= 1024 * 1024:   # decode, short prefill: every score
-                    o = xla_attention(q, k, v, mask, k_transposed=i is None, precision=prec)
-                else:                                   # long prefill: key blocks
-                    o = causal_attention(q, k, v, positions, impl="blockwise", precision=prec)
-            o = o.reshape(b, t, cfg.num_heads * cfg.head_dim)
-            x = x + mm(o, lw["wo"])
-            h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
-            x = x + mm(jax.nn.silu(mm(h, lw["w_gate"])) * mm(h, lw["w_up"]), lw["w_down"])
-            return x, kv
-
-        per_layer = cache is not None and cache.per_layer
-        if (layer_weights is not None) != per_layer and cache is not None:
+        if cache is not None and (layer_weights is not None) != cache.per_layer:
             raise ValueError("per-layer weights (layer_weights=) go with a per-layer cache "
                              "(KVCache.split_layers), the layer scan with a stacked one")
-        if layer_weights is not None:
-            kvs = list(zip(cache.k, cache.v)) if per_layer else [None] * len(layer_weights)
+        cfg = self.cfg
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+        f = self.frame(positions, segment_ids, cache, attend_len, rope_table)
+        if layer_weights is not None:      # unrolled over per-layer arrays
             for i, lw in enumerate(layer_weights):
-                x, kvs[i] = block(x, lw, kvs[i], None)
-            if per_layer:
-                cache_kv = (tuple(k for k, _ in kvs), tuple(v for _, v in kvs))
-        else:
+                x, cache = block(cfg, f, x, lw, cache, i)
+        else:                              # a scan over the stacked layers
             def step(carry, lw):
-                x, kv, i = carry
-                x, kv = block(x, lw, kv, i)
-                return (x, kv, i + 1), None
+                x, cache, i = carry
+                x, cache = block(cfg, f, x, lw, cache, i)
+                return (x, cache, i + 1), None
 
-            mode = self.remat_mode(b * t) if cache is None else "none"
+            mode = self.remat_mode(tokens.size) if cache is None else "none"
             if mode == "full":
                 step = jax.checkpoint(step)
             elif mode == "dots":
                 step = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-            (x, cache_kv, _), _ = jax.lax.scan(step, (x, cache_kv, jnp.int32(0)), self._stacked())
-        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        if cache is None:
-            return x, None
-        return x, KVCache(cache_kv[0], cache_kv[1], cache.lengths)
+            (x, cache, _), _ = jax.lax.scan(step, (x, cache, jnp.int32(0)), self._stacked())
+        return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps), cache
+
+    def frame(self, positions, segment_ids=None, cache: KVCache | None = None,
+              attend_len: int | None = None, rope_table: tuple | None = None) -> Frame:
+        """The Frame of a forward over new tokens at `positions` [B, T] (see `hidden`)."""
+        dt = self.dtype
+        if rope_table is not None:     # rows of a precomputed table: no cos / sin here
+            cos, sin = (jnp.take(a, positions, axis=0, mode="clip")[:, :, None, :]
+                        for a in rope_table)
+        else:
+            emb = rope_angles(positions, jnp.asarray(rope_inv_freq(self.cfg)))[:, :, None, :]
+            cos, sin = jnp.cos(emb).astype(dt), jnp.sin(emb).astype(dt)
+        span, mask = 0, None
+        if cache is not None:
+            span = attend_len or cache.max_len
+            mask = jnp.arange(span)[None, None, :] <= positions[:, :, None]
+        return Frame(cos, sin, positions, segment_ids, span, mask, self.attention,
+                     self.matmul_precision(), dt)
 
 
 def _device_bytes() -> int:
