@@ -149,8 +149,58 @@ def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed
     return out
 
 
+@dataclasses.dataclass
+class Run:
+    """One RL run's live state. The parameters and optimizer state are replaced by every
+    update (the policy's model follows them); `report` collects what eval.json records
+    besides the final eval (resumed_from, the warm start's figures, eval_before)."""
+    cfg: C.Config
+    policy: object
+    fmt: ChatFormat
+    mesh: object
+    ckpts: RunCheckpoints
+    fingerprint: str
+    tx: object
+    graphdef: object
+    params: object
+    opt_state: object
+    start: int = 0
+    report: dict = dataclasses.field(default_factory=dict)
+
+
 def train(cfg: C.Config) -> dict:
     """Run (or resume) the configured RL run. Returns the final metrics and eval."""
+    run = open_run(cfg)
+    metrics_log = MetricsLog(cfg.train.run_dir, run.start)
+    if cfg.train.eval_before:
+        eval_before(run, metrics_log)
+    from supo_jax.envs.datasets import load_tasks
+    train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
+                             **cfg.env.knobs)   # a tfds array_record task set, built on first use
+    max_len = row_len(cfg, run.fmt)
+    # the loss's logprobs use the convention of the sampler that produced the old logprobs
+    loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
+    B, history = cfg.rollout.tasks_per_step, []
+    outer = progress_bar(cfg.train.steps - run.start, "train", cfg.train.progress)
+    for step in range(run.start, cfg.train.steps):
+        pos = (step * B) % len(train_tasks)
+        tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
+        row = rl_step(run, step, tasks, max_len=max_len, loss_cfg=loss_cfg)
+        metrics_log.write(row)
+        history.append(row)
+        if outer:
+            outer.update(1)
+            outer.set_postfix(success=f"{row['success_rate']:.2f}", loss=f"{row['loss']:.3f}")
+        end_step(run, step + 1, metrics_log, task_position=(pos + B) % len(train_tasks))
+    if outer:
+        outer.close()
+    return finish(run, history, metrics_log)
+
+
+def open_run(cfg: C.Config) -> Run:
+    """Set up (or reopen) the run directory: mesh, policy, the run-directory and resume
+    checks, config.json, the optimizer; then restore the latest checkpoint, or on a new
+    run warm-start the tiny policy by SFT and checkpoint it as step 0."""
     run_dir = cfg.train.run_dir
     os.makedirs(run_dir, exist_ok=True)
     mesh = make_run_mesh(cfg)
@@ -162,104 +212,104 @@ def train(cfg: C.Config) -> dict:
     policy = build_policy(cfg, run_dir, mesh)
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt)
-    fp = model_fingerprint(policy)
     check_run_dir(run_dir, policy, record=True)
     ckpts = RunCheckpoints(os.path.join(run_dir, "checkpoints"), keep=cfg.train.keep)
     check_resume_config(run_dir, cfg, ckpts.steps())
     if is_main():
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(C.to_dict(cfg), f, indent=2, default=str)
-
     o = cfg.optim
     tx = make_optimizer(o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
                         total_steps=cfg.train.steps, weight_decay=o.weight_decay,
                         clip_norm=o.clip_norm)
     graphdef, params = policy.split()
-    opt_state = init_opt_state(tx, params, mesh)
-    restored = ckpts.restore_latest(params, opt_state)
-    report: dict = {}
+    run = Run(cfg, policy, fmt, mesh, ckpts, model_fingerprint(policy), tx, graphdef, params,
+              init_opt_state(tx, params, mesh))
+    restored = ckpts.restore_latest(run.params, run.opt_state)
     if restored is not None:
-        start, params, opt_state, meta = restored
-        nnx.update(policy.model, params)
-        report["resumed_from"] = start
+        run.start, run.params, run.opt_state, _ = restored
+        nnx.update(policy.model, run.params)
+        run.report["resumed_from"] = run.start
         if is_main():
-            print(f"resumed from {run_dir} step {start}")
-    else:
-        start = 0
-        if not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
-            report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
-            graphdef, params = policy.split()
-            opt_state = init_opt_state(tx, params, mesh)
-            ckpts.save(0, params, opt_state, {"step": 0, "seed": cfg.train.seed,
-                                              "task_position": 0, "model_fingerprint": fp,
-                                              "warm_start": report})
-    metrics_log = MetricsLog(run_dir, start)
-    if cfg.train.eval_before:   # the starting policy; a resumed run reads it back (process 0)
-        row = next((r for r in metrics_log.kept if r["step"] == 0 and "loss" not in r), None)
-        if row:
-            report["eval_before"] = {k[5:]: v for k, v in row.items() if k.startswith("eval/")}
-        elif start == 0:
-            report["eval_before"] = evaluate(policy, fmt, cfg, seed=cfg.train.seed,
-                                             progress=cfg.train.progress)
-            metrics_log.write({"step": 0, **eval_row(report["eval_before"])})
+            print(f"resumed from {run_dir} step {run.start}")
+    elif not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
+        run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
+        run.graphdef, run.params = policy.split()
+        run.opt_state = init_opt_state(tx, run.params, mesh)
+        ckpts.save(0, run.params, run.opt_state, {
+            "step": 0, "seed": cfg.train.seed, "task_position": 0,
+            "model_fingerprint": run.fingerprint, "warm_start": run.report})
+    return run
 
-    from supo_jax.envs.datasets import load_tasks
-    train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
-                             **cfg.env.knobs)   # a tfds array_record task set, built on first use
-    max_len = row_len(cfg, fmt)
-    # the loss's logprobs use the convention of the sampler that produced the old logprobs
-    loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
-    history = []
-    outer = progress_bar(cfg.train.steps - start, "train", cfg.train.progress)
-    for step in range(start, cfg.train.steps):
-        t0 = time.time()
-        pos = (step * B) % len(train_tasks)
-        tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
-        bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size, f"rollouts {step + 1}",
-                           cfg.train.progress)
-        rollouts = rollout_batch(policy, fmt, cfg, tasks, seed=hash_seed(cfg.train.seed, step),
-                                 progress=bar.update if bar else None)
-        if bar:
-            bar.close()
-        t1 = time.time()
-        segs, seg_adv, adv, trained = rollout_advantages(rollouts, cfg.advantage)
-        upd = {}
-        if segs:
-            batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
-                                pack=o.pack)
-            params, opt_state, upd = ppo_update(
-                policy, graphdef, params, opt_state, batch, tx=tx, loss_cfg=loss_cfg, optim=o,
-                mesh=mesh, seed=hash_seed(cfg.train.seed, step) + 1)
-        t2 = time.time()
-        row = {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
-               **{k: v for k, v in upd.items() if k != "loss"},
-               "masked_rate": float(1 - np.mean(trained)), "segments": len(segs),
-               "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
-        metrics_log.write(row)
-        history.append(row)
-        if outer:
-            outer.update(1)
-            outer.set_postfix(success=f"{row['success_rate']:.2f}", loss=f"{row['loss']:.3f}")
-        if (step + 1) % cfg.train.save_every == 0 or step + 1 == cfg.train.steps:
-            ckpts.save(step + 1, params, opt_state, {
-                "step": step + 1, "seed": cfg.train.seed, "task_position": (pos + B) % len(train_tasks),
-                "model_fingerprint": fp})
-        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < cfg.train.steps:
-            ev = evaluate(policy, fmt, cfg, seed=cfg.train.seed, progress=cfg.train.progress)
-            metrics_log.write({"step": step + 1, **eval_row(ev)})
-    if outer:
-        outer.close()
-    ckpts.close()
-    final = evaluate(policy, fmt, cfg, seed=cfg.train.seed, progress=cfg.train.progress)
-    scaling = [evaluate(policy, fmt, cfg, max_summaries=s, seed=cfg.train.seed,
-                        progress=cfg.train.progress) for s in cfg.train.eval_max_summaries]
+
+def eval_before(run: Run, metrics_log: MetricsLog) -> None:
+    """The starting policy's eval, into run.report and metrics.jsonl as step 0; a resumed
+    run reads it back from metrics.jsonl (process 0) instead."""
+    row = next((r for r in metrics_log.kept if r["step"] == 0 and "loss" not in r), None)
+    if row:
+        run.report["eval_before"] = {k[5:]: v for k, v in row.items() if k.startswith("eval/")}
+    elif run.start == 0:
+        cfg = run.cfg
+        run.report["eval_before"] = evaluate(run.policy, run.fmt, cfg, seed=cfg.train.seed,
+                                             progress=cfg.train.progress)
+        metrics_log.write({"step": 0, **eval_row(run.report["eval_before"])})
+
+
+def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg) -> dict:
+    """RL step `step` + 1 on `tasks`: rollouts, advantages, the PPO update. Returns the
+    step's metrics row."""
+    cfg, o = run.cfg, run.cfg.optim
+    t0 = time.time()
+    bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size, f"rollouts {step + 1}",
+                       cfg.train.progress)
+    rollouts = rollout_batch(run.policy, run.fmt, cfg, tasks, seed=hash_seed(cfg.train.seed, step),
+                             progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    t1 = time.time()
+    segs, seg_adv, adv, trained = rollout_advantages(rollouts, cfg.advantage)
+    upd = {}
+    if segs:
+        batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
+                            pack=o.pack)
+        run.params, run.opt_state, upd = ppo_update(
+            run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
+            loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1)
+    t2 = time.time()
+    return {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
+            **{k: v for k, v in upd.items() if k != "loss"},
+            "masked_rate": float(1 - np.mean(trained)), "segments": len(segs),
+            "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
+
+
+def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int) -> None:
+    """After `done` steps: a checkpoint every train.save_every steps and at the last, an
+    eval every train.eval_every steps (the last step's eval is `finish`'s)."""
+    t = run.cfg.train
+    if done % t.save_every == 0 or done == t.steps:
+        run.ckpts.save(done, run.params, run.opt_state, {
+            "step": done, "seed": t.seed, "task_position": task_position,
+            "model_fingerprint": run.fingerprint})
+    if t.eval_every and done % t.eval_every == 0 and done < t.steps:
+        ev = evaluate(run.policy, run.fmt, run.cfg, seed=t.seed, progress=t.progress)
+        metrics_log.write({"step": done, **eval_row(ev)})
+
+
+def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
+    """The final eval and the summary-cap scaling evals, eval.json, the HF export."""
+    cfg, t = run.cfg, run.cfg.train
+    run.ckpts.close()
+    final = evaluate(run.policy, run.fmt, cfg, seed=t.seed, progress=t.progress)
+    scaling = [evaluate(run.policy, run.fmt, cfg, max_summaries=s, seed=t.seed,
+                        progress=t.progress) for s in t.eval_max_summaries]
     metrics_log.close()
-    result = {"history": history, "eval": final, "eval_scaling": scaling, **report}
+    result = {"history": history, "eval": final, "eval_scaling": scaling, **run.report}
     if is_main():
-        with open(os.path.join(run_dir, "eval.json"), "w") as f:
-            json.dump({"eval": final, "eval_scaling": scaling, **report}, f, indent=2, default=str)
-    export = os.path.join(run_dir, "hf")
-    policy.save_pretrained(export)   # collective gathers; process 0 writes
+        with open(os.path.join(t.run_dir, "eval.json"), "w") as f:
+            json.dump({"eval": final, "eval_scaling": scaling, **run.report}, f, indent=2,
+                      default=str)
+    export = os.path.join(t.run_dir, "hf")
+    run.policy.save_pretrained(export)   # collective gathers; process 0 writes
     result["export"] = export
     return result
 
