@@ -164,13 +164,20 @@ class FncallEnv(Environment):
         raise NotImplementedError
 
     # ---- expert hooks (text-only: never read hidden task data) -----------------------
+    prompt_pattern: str = ""     # a regex the family's prompts match; named groups: integers
+    start: dict = {}             # the initial loop state, where it does not depend on the prompt
+
     @classmethod
     def parse_prompt(cls, prompt: str) -> dict | None:
-        raise NotImplementedError
+        """The task's parameters read from its prompt (None: not this family's prompt)."""
+        if not cls.prompt_pattern:
+            raise NotImplementedError
+        m = re.search(cls.prompt_pattern, prompt, re.S)
+        return m and {k: int(v) for k, v in m.groupdict().items()}
 
     @classmethod
     def initial_state(cls, p: dict) -> dict:
-        raise NotImplementedError
+        return dict(cls.start)
 
     @classmethod
     def update(cls, p: dict, s: dict, observation: str) -> dict:
@@ -191,6 +198,8 @@ class FncallEnv(Environment):
 class Tallest(FncallEnv):
     family = "tallest"
     state_keys = {"best": "int", "next": "int"}
+    prompt_pattern = r"Find the tallest of (?P<n>\d+) people"
+    start = {"best": 0, "next": 1}
     size_range = (2, 700)
     tools = (ToolSpec("compare", "Tell which of two people is taller.",
                       _params(i=("integer", "index of a person"),
@@ -229,15 +238,6 @@ class Tallest(FncallEnv):
         return {"best": max(self._seen, key=h.__getitem__), "next": nxt}
 
     @classmethod
-    def parse_prompt(cls, prompt):
-        m = re.search(r"Find the tallest of (\d+) people", prompt)
-        return m and {"n": int(m.group(1))}
-
-    @classmethod
-    def initial_state(cls, p):
-        return {"best": 0, "next": 1}
-
-    @classmethod
     def update(cls, p, s, obs):
         m = re.search(r"Person (\d+) is taller than person (\d+)\.", obs)
         if m and {int(m.group(1)), int(m.group(2))} == {s["best"], s["next"]}:
@@ -262,6 +262,8 @@ class Tallest(FncallEnv):
 class Pages(FncallEnv):
     family = "pages"
     state_keys = {"sum": "int", "next": "int"}
+    prompt_pattern = r"A document has (?P<n>\d+) pages"
+    start = {"sum": 0, "next": 1}
 
     tools = (ToolSpec("read_page", "Read one page of the document.",
                       _params(page=("integer", "page number, from 1"))),
@@ -294,15 +296,6 @@ class Pages(FncallEnv):
         return {"sum": sum(self._task["values"][:nxt - 1]), "next": nxt}
 
     @classmethod
-    def parse_prompt(cls, prompt):
-        m = re.search(r"A document has (\d+) pages", prompt)
-        return m and {"n": int(m.group(1))}
-
-    @classmethod
-    def initial_state(cls, p):
-        return {"sum": 0, "next": 1}
-
-    @classmethod
     def update(cls, p, s, obs):
         m = re.search(r"Page (\d+) reads (-?\d+)\.", obs)
         if m and int(m.group(1)) == s["next"]:
@@ -323,6 +316,8 @@ class Count(FncallEnv):
     ends, so neither the number of calls nor the answer can be guessed without reading them."""
     family = "count"
     state_keys = {"count": "int", "next": "int", "last": "int"}
+    prompt_pattern = r"Count the red items"
+    start = {"count": 0, "next": 0, "last": -1}
     size_range = (1, 5_000)
     default_size = 12
     tools = (ToolSpec("look", "Show the colour of one item.",
@@ -360,14 +355,6 @@ class Count(FncallEnv):
         nxt = next(k for k in range(self.n + 1) if k not in self._looked)
         return {"count": self._task["colours"][:nxt].count("red"), "next": nxt,
                 "last": self.n - 1 if self._end_known else -1}
-
-    @classmethod
-    def parse_prompt(cls, prompt):
-        return {} if "Count the red items" in prompt else None
-
-    @classmethod
-    def initial_state(cls, p):
-        return {"count": 0, "next": 0, "last": -1}
 
     @classmethod
     def update(cls, p, s, obs):
@@ -463,6 +450,8 @@ class Chain(FncallEnv):
 class Graph(FncallEnv):
     family = "graph"
     state_keys = {"layer": "int", "todo": "ints", "next_layer": "ints", "seen": "ints"}
+    prompt_pattern = (r"An undirected graph has (?P<n>\d+) nodes.*?shortest path from node "
+                      r"(?P<source>\d+) to node (?P<target>\d+)\.")
     size_range = (2, 2_000)
     default_size = 16
     tools = (ToolSpec("neighbors", "List the neighbors of a node.",
@@ -514,13 +503,6 @@ class Graph(FncallEnv):
         at = lambda d: sorted(v for v in frontier if self._dist[v] == d)
         return {"layer": layer, "todo": at(layer), "next_layer": at(layer + 1),
                 "seen": sorted(seen)}
-
-    @classmethod
-    def parse_prompt(cls, prompt):
-        m = re.search(r"An undirected graph has (\d+) nodes.*?shortest path from node (\d+) "
-                      r"to node (\d+)\.", prompt, re.S)
-        return m and {"n": int(m.group(1)), "source": int(m.group(2)),
-                      "target": int(m.group(3))}
 
     @classmethod
     def initial_state(cls, p):
