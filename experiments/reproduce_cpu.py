@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--quick", action="store_true", help="a miniature run (tests)")
+    ap.add_argument("--methods", default="",
+                    help="comma-separated subset of supo, grpo_w, grpo_w_s1, supo_no_mask, "
+                         "supo_eq4 (default: all)")
     args = ap.parse_args(argv)
     t0 = time.time()
     sets = (QUICK if args.quick else []) + args.set
@@ -122,9 +125,16 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     base = C.load_config(args.config, sets)
     W, S = base.context.working_context, base.context.max_summaries
+    ms = methods(W, S)
+    if args.methods:
+        wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = sorted(set(wanted) - {m[0] for m in ms})
+        if unknown:
+            ap.error(f"--methods: unknown {', '.join(unknown)}; choose from "
+                     + ", ".join(m[0] for m in ms))
+        ms = [m for m in ms if m[0] in wanted]
     hf, sft = warm_start_once(base, args.out)
     common = [*sets, f"train.init_from={hf}", "train.sft_warm_start=false"]
-    ms = methods(W, S)
     runs = sweep.plan(args.config, [m[2] for m in ms], seeds, os.path.join(args.out, "runs"),
                       overrides=common, names=[m[0] for m in ms])
     results = sweep.run_sweep(runs)

@@ -312,6 +312,18 @@ def test_expert_ignores_hidden_data_and_unknown_prompts():
 
 # ---- fncall/count: a task that cannot be gamed by stopping early --------------------------
 
+def expert_solves(env_name, tasks):
+    """The scripted expert solves every task under full context and under summarize-and-reset
+    (every 2 pairs, every pair with the dropped pair shown, at random), every probe passing."""
+    rng = random.Random(0)
+    for task in tasks:
+        assert full_context(env_name, task)[0] == 1.0
+        for kw in (dict(every=2), dict(every=1, show_dropped=True), dict(p_cut=0.5)):
+            reward, probes, _ = supo(env_name, task, rng, **kw)
+            assert reward == 1.0 and all(p is not False for p in probes), (task, kw)
+
+
+
 def test_count_family_needs_every_observation():
     """The row's length is hidden (only the observations say where it ends) and the answer is
     a count over all of it: answering after k looks is right only by chance."""
@@ -321,12 +333,7 @@ def test_count_family_needs_every_observation():
         early = [t for t in tasks if t["n"] > k]
         right = sum(t["colours"][:k].count("red") == t["answer"] for t in early) / len(early)
         assert right < 0.3, (k, right)
-    rng = random.Random(0)
-    for task in tasks[:20]:
-        assert full_context("fncall/count", task)[0] == 1.0
-        for kw in (dict(every=2), dict(every=1, show_dropped=True), dict(p_cut=0.5)):
-            reward, probes, _ = supo("fncall/count", task, rng, **kw)
-            assert reward == 1.0 and all(p is not False for p in probes), (task, kw)
+    expert_solves("fncall/count", tasks[:20])
     env = make_env("fncall/count")
     task = make_tasks("fncall/count", "eval", 1, 3, size=4)[0]
     env.reset(task)
@@ -342,3 +349,28 @@ def test_count_family_needs_every_observation():
     assert not env.probe(f"count={red0}; next=1; last=-1")
     assert not env.probe(f"count={red0 + 1}; next=1; last=3")
     assert not env.probe(f"count={red0}; next=1")
+
+
+def test_listing_family_needs_reading_to_find_the_key():
+    """fncall/listing: the key's page is uniform (the number of calls varies and cannot be
+    guessed), no two entries share a key; the expert finds it under full context and under
+    summarize-and-reset; the canonical state carries the value once its page is read."""
+    tasks = make_tasks("fncall/listing", "train", 200, 0, size=(5, 10))
+    pages = [t["keys"].index(t["key"]) // 4 + 1 for t in tasks]
+    assert len(set(pages)) == 10 and max(pages) == 10
+    assert all(len(set(t["keys"])) == len(t["keys"]) == 4 * t["n"] for t in tasks)
+    expert_solves("fncall/listing", tasks[:20])
+    env = make_env("fncall/listing")
+    task = next(t for t in make_tasks("fncall/listing", "eval", 20, 3, size=3)
+                if t["keys"].index(t["key"]) // 4 == 1)         # the key is on page 2
+    env.reset(task)
+    obs = env.act(format_tool_call("read_page", {"page": 1})).observation
+    assert obs == "Page 1: " + ", ".join(f"{k}={v}" for k, v in zip(task["keys"][:4],
+                                                                   task["values"][:4])) + "."
+    assert env.probe("next=2; value=-1") and not env.probe("next=2; value=5")
+    env.act(format_tool_call("read_page", {"page": 2}))
+    assert env.probe(f"next=3; value={task['answer']}")
+    assert not env.probe("next=3; value=-1") and not env.probe(f"next=3")
+    assert "error" in env.act(format_tool_call("read_page", {"page": 4})).info
+    r = env.act(format_tool_call("finish", {"answer": task["answer"]}))
+    assert r.done and r.reward == 1.0

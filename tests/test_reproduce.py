@@ -43,6 +43,26 @@ def test_reproduce_cpu_quick(tmp_path):
     r2 = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert r2.stdout.count("finished earlier") == 5 and "training the SFT" not in r2.stdout
+    # a subset of the methods (the new-families table runs supo and grpo_w only)
+    r3 = subprocess.run(cmd + ["--methods", "supo,grpo_w"], env=env, capture_output=True,
+                        text=True, timeout=300)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    with open(os.path.join(out, "results.json")) as f:
+        assert [m["name"] for m in json.load(f)["methods"]] == ["supo", "grpo_w"]
+    r4 = subprocess.run(cmd + ["--methods", "supo,sup"], env=env, capture_output=True, text=True)
+    assert r4.returncode != 0 and "--methods: unknown sup" in r4.stderr
+
+
+def test_new_family_config_changes_only_the_task():
+    """experiments/configs/cpu_listing.py is the reproduction's recipe on another task."""
+    from supo_jax import config as C
+    rep = C.to_dict(C.load_config(os.path.join(ROOT, "experiments", "configs", "cpu_reproduce.py")))
+    lst = C.to_dict(C.load_config(os.path.join(ROOT, "experiments", "configs", "cpu_listing.py")))
+    assert lst["env"]["name"] == "fncall/listing"
+    assert {k: v for k, v in lst.items() if k not in ("env", "train")} == \
+        {k: v for k, v in rep.items() if k not in ("env", "train")}
+    assert {k: v for k, v in lst["train"].items() if k != "run_dir"} == \
+        {k: v for k, v in rep["train"].items() if k != "run_dir"}
 
 
 def test_readme_results_block_is_the_committed_results_md():

@@ -100,6 +100,20 @@ def test_overlong_masking_and_broadcast():
     np.testing.assert_allclose(adv2[0], (1 - 0.5) / (0.5 + 1e-6), rtol=1e-5)  # stats over [1, 0]
 
 
+def test_equal_rollout_weight_gives_each_trained_rollout_the_same_total_weight():
+    ro = [_rollout(0, 1.0, "answer", [_seg(8, 3, 0), _seg(9, 4, 1)]),     # 5 + 5 trained tokens
+          _rollout(0, 0.0, "max_summaries", [_seg(7, 2, 2)]),             # masked
+          _rollout(0, 0.0, "answer", [_seg(6, 2, 3)])]                    # 4 trained tokens
+    segs, seg_adv, adv, _ = rollout_advantages(ro, AdvantageConfig(rollout_weight="equal"))
+    w = [adv[0] * 7 / 10, adv[0] * 7 / 10, adv[2] * 7 / 4]               # mean of 10 and 4: 7
+    np.testing.assert_allclose(seg_adv, w, rtol=1e-6)
+    # the token-mean loss's weight of each rollout: sum over its tokens = advantage x mean tokens
+    per_rollout = [seg_adv[0] * 5 + seg_adv[1] * 5, seg_adv[2] * 4]
+    np.testing.assert_allclose(per_rollout, [adv[0] * 7, adv[2] * 7], rtol=1e-6)
+    with pytest.raises(ValueError, match="rollout_weight"):
+        AdvantageConfig(rollout_weight="per-token")
+
+
 def _bigram_loss(W, batch):
     logits = W[batch.inputs]                              # a tiny softmax policy
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch.targets[..., None], -1)[..., 0]

@@ -12,8 +12,13 @@ pages     read_page(page)            sum of the n page numbers    sum=<int>; nex
 chain     lookup(key)                key reached after n hops     key=<key>; hops=<int>
 graph     neighbors(node)            BFS distance source->target  layer=<int>; todo=[..];
                                                                   next_layer=[..]; seen=[..]
+count     look(i)                    red items of a hidden-length count=<int>; next=<index>;
+                                     row                          last=<index or -1>
+listing   read_page(page)            one key's value in n pages   next=<page>; value=<int or -1>
+                                     of 4 entries
 
-The knob n is: people / pages / hops / nodes. For "graph" the state is the BFS state
+The knob n is: people / pages / hops / nodes / items / pages. `fncall` (the mixture) draws
+from the first four; count and listing run as `fncall/count` and `fncall/listing`. For "graph" the state is the BFS state
 (nodes expanded layer by layer in ascending order; `seen` lists every node found),
 about 3n tokens, so keep n <= ~40 there; the target is a node farthest from the source,
 so the search expands most of the graph.
@@ -377,6 +382,88 @@ class Count(FncallEnv):
 _KEY_CHARS = "abcdefghijkmnpqrstuvwxyz23456789"
 
 
+def _distinct_keys(rng: random.Random, m: int) -> list[str]:
+    """m distinct random 4-character keys."""
+    keys, seen = [], set()
+    while len(keys) < m:
+        k = "".join(rng.choice(_KEY_CHARS) for _ in range(4))
+        if k not in seen:
+            seen.add(k)
+            keys.append(k)
+    return keys
+
+
+class Listing(FncallEnv):
+    """Find one key's value in a listing of n pages of four key=value entries each. The page
+    that holds the key is uniform, so the number of calls cannot be guessed, and only reading
+    tells where it is. Long observations and a small state: the opposite shape of `count`."""
+    family = "listing"
+    state_keys = {"next": "int", "value": "int"}
+    start = {"next": 1, "value": -1}
+    size_range = (1, 2_000)
+    default_size = 12
+    per_page = 4
+    tools = (ToolSpec("read_page", "Show the entries of one page of the listing.",
+                      _params(page=("integer", "page number, from 1"))),
+             _finish("integer", "the value of the key"))
+
+    @classmethod
+    def generate(cls, rng, n):
+        keys = _distinct_keys(rng, n * cls.per_page)
+        values = [rng.randint(10, 999) for _ in keys]
+        at = rng.randrange(len(keys))
+        return {"keys": keys, "values": values, "key": keys[at], "answer": values[at]}
+
+    def _setup(self):
+        self._read = set()
+
+    def _page(self, p):
+        lo = (p - 1) * self.per_page
+        return list(zip(self._task["keys"][lo:lo + self.per_page],
+                        self._task["values"][lo:lo + self.per_page]))
+
+    def prompt(self):
+        return (f"A listing has {self.n} pages, numbered 1 to {self.n}, each with "
+                f"{self.per_page} key=value entries. Find the value of key "
+                f"{self._task['key']}. read_page(page) shows one page. Make one call per turn "
+                "and call finish with the value. If asked to summarize, state the progress as "
+                "next=<next page to read>; value=<the value once found, -1 until then>.")
+
+    def _call(self, name, a):
+        p = a["page"]
+        if not 1 <= p <= self.n:
+            return error_result(f"pages are numbered 1 to {self.n}")
+        self._read.add(p)
+        entries = ", ".join(f"{k}={v}" for k, v in self._page(p))
+        return StepResult(f"Page {p}: {entries}.")
+
+    def state(self):
+        nxt = next(k for k in range(1, self.n + 2) if k not in self._read)
+        found = [v for q in range(1, nxt) for k, v in self._page(q) if k == self._task["key"]]
+        return {"next": nxt, "value": found[0] if found else -1}
+
+    @classmethod
+    def parse_prompt(cls, prompt):
+        m = re.search(r"A listing has (\d+) pages.*?Find the value of key (\w+)\.", prompt, re.S)
+        return m and {"n": int(m.group(1)), "key": m.group(2)}
+
+    @classmethod
+    def update(cls, p, s, obs):
+        m = re.search(r"Page (\d+): ([^.]*)\.", obs)
+        if not m or int(m.group(1)) != s["next"]:
+            return s
+        entries = dict(re.findall(r"(\w+)=(\d+)", m.group(2)))
+        value = int(entries[p["key"]]) if p["key"] in entries else s["value"]
+        return {"next": s["next"] + 1, "value": value}
+
+    @classmethod
+    def decide(cls, p, s):
+        if s["value"] >= 0 or s["next"] > p["n"]:
+            return f"Key {p['key']} has value {s['value']}.", "finish", {"answer": s["value"]}
+        return (f"Key {p['key']} not found yet. Read page {s['next']}.", "read_page",
+                {"page": s["next"]})
+
+
 class Chain(FncallEnv):
     family = "chain"
     state_keys = {"key": "str", "hops": "int"}
@@ -388,13 +475,7 @@ class Chain(FncallEnv):
     @staticmethod
     def generate(rng, n):
         # the chain goes on past n hops, so the agent has to count them
-        keys, m = [], n + 1 + rng.randint(3, 8)
-        seen = set()
-        while len(keys) < m:
-            k = "".join(rng.choice(_KEY_CHARS) for _ in range(4))
-            if k not in seen:
-                seen.add(k)
-                keys.append(k)
+        keys = _distinct_keys(rng, n + 1 + rng.randint(3, 8))
         return {"chain": keys, "answer": keys[n]}
 
     def _setup(self):
@@ -553,7 +634,7 @@ def _bfs(adj, source: int) -> dict[int, int]:
 
 # `fncall` (the mixture) draws from FAMILIES; every family here is also `fncall/<family>`
 FAMILY_ENVS: dict[str, type[FncallEnv]] = {c.family: c for c in (Tallest, Pages, Chain, Graph,
-                                                                  Count)}
+                                                                  Count, Listing)}
 
 
 class Fncall(Environment):

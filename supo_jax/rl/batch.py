@@ -107,7 +107,8 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
 def rollout_advantages(rollouts: Sequence, cfg):
     """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags):
     each rollout's group-relative advantage (cfg: rl.configs.AdvantageConfig) broadcast to its
-    segments; rollouts whose reason is in cfg.masked_reasons give no rows."""
+    segments (scaled per rollout with cfg.rollout_weight="equal"); rollouts whose reason is in
+    cfg.masked_reasons give no rows."""
     if not rollouts:
         return [], [], np.zeros(0), np.zeros(0, bool)
     groups = sorted({r.group_id for r in rollouts})
@@ -119,10 +120,16 @@ def rollout_advantages(rollouts: Sequence, cfg):
     adv = np.asarray(ADVANTAGES[cfg.estimator](
         jnp.asarray(rewards), jnp.asarray(gidx), jnp.asarray(counts), len(groups),
         normalize_std=cfg.normalize_std, eps=cfg.eps, num_segments=jnp.asarray(nseg)))
+    scale = np.ones(len(rollouts))
+    if cfg.rollout_weight == "equal":
+        ntok = np.asarray([sum(sum(s.mask) for s in r.segments) for r in rollouts], np.float64)
+        counted = trained & (ntok > 0)
+        if counted.any():
+            scale = np.where(counted, ntok[counted].mean() / np.maximum(ntok, 1), 1.0)
     segs, seg_adv = [], []
-    for r, a, t in zip(rollouts, adv, trained):
+    for r, a, t, w in zip(rollouts, adv, trained, scale):
         if t:
             for s in r.segments:
                 segs.append(s)
-                seg_adv.append(float(a))
+                seg_adv.append(float(a * w))
     return segs, seg_adv, adv, trained

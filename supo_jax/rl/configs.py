@@ -36,8 +36,14 @@ class AdvantageConfig:
     eps: float = 1e-6
     masked_reasons: tuple[str, ...] = NO_ANSWER   # overlong masking: no gradient at all
     masked_count_in_stats: bool = True
+    # how the token-mean loss weighs rollouts: "tokens" (the paper: every trained token alike,
+    # so a long rollout weighs more) or "equal" (every trained rollout the same in total: its
+    # segments' advantages scaled by the mean trained tokens per rollout / its own)
+    rollout_weight: str = "tokens"
 
     def __post_init__(self):
         if self.estimator not in ADVANTAGES:
             raise ValueError(f"advantage.estimator={self.estimator!r} is not one of "
                              f"{', '.join(ADVANTAGES)}")
+        if self.rollout_weight not in ("tokens", "equal"):
+            raise ValueError(f"advantage.rollout_weight={self.rollout_weight!r}: tokens or equal")
