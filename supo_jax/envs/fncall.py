@@ -37,6 +37,7 @@ the working context alone (prompt, latest summary, observations after it).
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections import deque
@@ -94,6 +95,7 @@ class FncallEnv(Environment):
         if task.get("family") != self.family:
             raise ValueError(f"{self.name} cannot run a task of family {task.get('family')!r}")
         self._task, self.n, self._done = task, task["n"], False
+        self._visited: set = set()
         self._setup()
         self._trace = [self.state()]
         self._initial = self._trace[0]
@@ -148,6 +150,16 @@ class FncallEnv(Environment):
                 v = values.pop()
                 out[key] = list(v) if kind == "ints" else v
         return out
+
+    def _visit(self, i: int, lo: int, hi: int, what: str) -> StepResult | None:
+        """Record a call on item i; the error observation instead when i is outside lo..hi."""
+        if not lo <= i <= hi:
+            return error_result(f"{what} are numbered {lo} to {hi}")
+        self._visited.add(i)
+        return None
+
+    def _first_unvisited(self, lo: int) -> int:
+        return next(k for k in itertools.count(lo) if k not in self._visited)
 
     # ---- family hooks --------------------------------------------------------------
     @staticmethod
@@ -279,9 +291,6 @@ class Pages(FncallEnv):
         values = [rng.randint(1, 99) for _ in range(n)]
         return {"values": values, "answer": sum(values)}
 
-    def _setup(self):
-        self._read = set()
-
     def prompt(self):
         n = self.n
         return (f"A document has {n} pages, numbered 1 to {n}, and each page shows one number. "
@@ -291,13 +300,11 @@ class Pages(FncallEnv):
 
     def _call(self, name, a):
         p = a["page"]
-        if not 1 <= p <= self.n:
-            return error_result(f"pages are numbered 1 to {self.n}")
-        self._read.add(p)
-        return StepResult(f"Page {p} reads {self._task['values'][p - 1]}.")
+        err = self._visit(p, 1, self.n, "pages")
+        return err or StepResult(f"Page {p} reads {self._task['values'][p - 1]}.")
 
     def state(self):
-        nxt = next(k for k in range(1, self.n + 2) if k not in self._read)
+        nxt = self._first_unvisited(1)
         return {"sum": sum(self._task["values"][:nxt - 1]), "next": nxt}
 
     @classmethod
@@ -414,9 +421,6 @@ class Listing(FncallEnv):
         at = rng.randrange(len(keys))
         return {"keys": keys, "values": values, "key": keys[at], "answer": values[at]}
 
-    def _setup(self):
-        self._read = set()
-
     def _page(self, p):
         lo = (p - 1) * self.per_page
         return list(zip(self._task["keys"][lo:lo + self.per_page],
@@ -431,14 +435,11 @@ class Listing(FncallEnv):
 
     def _call(self, name, a):
         p = a["page"]
-        if not 1 <= p <= self.n:
-            return error_result(f"pages are numbered 1 to {self.n}")
-        self._read.add(p)
-        entries = ", ".join(f"{k}={v}" for k, v in self._page(p))
-        return StepResult(f"Page {p}: {entries}.")
+        return self._visit(p, 1, self.n, "pages") or StepResult(
+            f"Page {p}: " + ", ".join(f"{k}={v}" for k, v in self._page(p)) + ".")
 
     def state(self):
-        nxt = next(k for k in range(1, self.n + 2) if k not in self._read)
+        nxt = self._first_unvisited(1)
         found = [v for q in range(1, nxt) for k, v in self._page(q) if k == self._task["key"]]
         return {"next": nxt, "value": found[0] if found else -1}
 
