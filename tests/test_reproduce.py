@@ -77,3 +77,18 @@ def test_readme_results_block_is_the_committed_results_md():
         "README's Results block differs from results.md: run python experiments/update_readme.py"
     for png in re.findall(r"\]\((experiments/results/cpu_reproduce/[^)]+\.png)\)", readme):
         assert os.path.getsize(os.path.join(ROOT, png)) > 1000
+
+
+def test_readme_new_families_table_is_the_committed_results():
+    """The README's two-families table quotes experiments/results/{cpu_reproduce,cpu_listing}."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    table = readme.split("### Two task families nobody tuned for", 1)[1].split("\n\n(mean", 1)[0]
+    for family, d in (("count", "cpu_reproduce"), ("listing", "cpu_listing")):
+        md = open(os.path.join(ROOT, "experiments", "results", d, "results.md")).read()
+        cells = {}
+        for label, key in (("SUPO (W=512, S=3)", "supo"), ("GRPO (W=512)", "grpo")):
+            row = next(ln for ln in md.splitlines() if ln.startswith(f"| {label} |"))
+            before, after = row.split(" | ")[3:5]
+            cells[key] = f"{before} -> {after}"
+        row = next(ln for ln in table.splitlines() if ln.startswith(f"| {family} |"))
+        assert f"| {cells['supo']} | {cells['grpo']} |" in row, (family, row, cells)
