@@ -188,3 +188,23 @@ def test_sft_cli_on_a_jsonl_of_conversations(tmp_path):
                         "--set", f"train.run_dir={tmp_path / 'run2'}", "--set", f"sft.demos={bad}"],
                        env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "bad.jsonl:1" in r.stderr
+
+
+def test_kl_penalty_to_the_starting_policy_survives_a_resume(straight_run, tmp_path):
+    """loss.kl_coef > 0: the starting policy is saved as run_dir/reference and reloaded on
+    resume; kl_ref is 0 before the first update moves the policy and positive after; a run
+    that started without the penalty cannot add it on resume."""
+    d = str(tmp_path / "kl")
+    r = subprocess.run(_cmd(d, "loss.kl_coef=0.5", "train.steps=2"), env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.path.isfile(os.path.join(d, "reference", "model.safetensors"))
+    r = subprocess.run(_cmd(d, "loss.kl_coef=0.5", "train.steps=3"), env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
+    kl = [row["kl_ref"] for row in _metrics(d) if "loss" in row]
+    assert len(kl) == 3 and all(k >= 0 for k in kl) and kl[-1] > 0, kl
+    ref, _ = straight_run
+    r = subprocess.run(_cmd(ref, "loss.kl_coef=0.5", "train.accept_config_change=true"), env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "reference policy" in r.stderr.strip().splitlines()[-1]

@@ -25,6 +25,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -36,8 +37,8 @@ from supo_jax.model.sharding import put, replicated
 from supo_jax.model.weights import host_array
 from supo_jax.rl.batch import build_batch, rollout_advantages
 from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_scalars
-from supo_jax.rl.multihost import (exchange_rollouts, is_main, make_run_mesh, place_batch,
-                                   process_local_policy, share)
+from supo_jax.rl.multihost import (barrier, exchange_rollouts, is_main, make_run_mesh,
+                                   place_batch, process_local_policy, share)
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               model_fingerprint, row_len)
 from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
@@ -166,6 +167,7 @@ class Run:
     opt_state: object
     start: int = 0
     report: dict = dataclasses.field(default_factory=dict)
+    ref_params: object = None    # the starting policy's parameters (loss.kl_coef > 0 only)
 
 
 def train(cfg: C.Config) -> dict:
@@ -239,7 +241,30 @@ def open_run(cfg: C.Config) -> Run:
         ckpts.save(0, run.params, run.opt_state, {
             "step": 0, "seed": cfg.train.seed, "task_position": 0,
             "model_fingerprint": run.fingerprint, "warm_start": run.report})
+    if cfg.loss.kl_coef:
+        run.ref_params = reference_params(run)
     return run
+
+
+def reference_params(run: Run):
+    """The KL penalty's reference: the run's starting policy (after the warm start or as
+    loaded). A new run saves it to run_dir/reference (safetensors), a resumed run loads it
+    from there, so the reference of steps after a resume is the one before it."""
+    from supo_jax.model.policy import load_policy
+
+    path = os.path.join(run.cfg.train.run_dir, "reference")
+    if run.start == 0:
+        run.policy.save_pretrained(path)     # collective gathers; process 0 writes
+        barrier("supo_jax:reference:written")
+        return jax.tree.map(jnp.copy, run.params)   # train_step donates the parameters
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise C.ConfigError(
+            f"loss.kl_coef > 0 needs the run's reference policy, {path}, which this run did not "
+            "write (it started without the KL penalty): start a new run directory")
+    m = run.cfg.model
+    ref = load_policy(path, dtype=m.dtype, mesh=run.mesh, compute_dtype=m.compute_dtype or None,
+                      **m.decoder_options())
+    return ref.split()[1]
 
 
 def eval_before(run: Run, metrics_log: MetricsLog) -> None:
@@ -274,7 +299,8 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg) -> dict:
                             pack=o.pack)
         run.params, run.opt_state, upd = ppo_update(
             run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
-            loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1)
+            loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1,
+            ref_params=run.ref_params)
     t2 = time.time()
     return {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
             **{k: v for k, v in upd.items() if k != "loss"},
@@ -315,7 +341,7 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
 
 
 def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh,
-               seed: int):
+               seed: int, ref_params=None):
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
     optim.recompute_old_logprobs). The policy follows the new parameters. Returns
@@ -331,13 +357,14 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
         for i in range(0, batch.rows, o.minibatch_rows):
             mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
             params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
-                                              cfg=loss_cfg, micro=o.micro)
+                                              cfg=loss_cfg, micro=o.micro, ref_params=ref_params)
             nnx.update(policy.model, params)
             ms.append(m)
     ms = jax.device_get(ms)
     w = np.maximum(np.asarray([float(m["tokens"]) for m in ms]), 1e-9)
     upd = {k: float(np.average([float(m[k]) for m in ms], weights=w))
-           for k in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm") if k in ms[0]}
+           for k in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "kl_ref")
+           if k in ms[0]}
     return params, opt_state, {**upd, "updates": len(ms), "rows": int(batch.rows)}
 
 
