@@ -88,3 +88,30 @@ def test_checkpoint_and_export_load_in_transformers(smoke_run):
     diff = np.abs(got - ref).max()
     assert diff <= LOGIT_ATOL, f"max |logit diff| {diff:.3g} vs transformers on the export"
     np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_pretrained_recipe_config_needs_summaries_at_its_W(tmp_path):
+    """experiments/configs/smollm2_supo.py: SmolLM2 from its own weights (no SFT), and its task
+    needs the summaries at its W with SmolLM2's tokenizer: the scripted expert solves every
+    task under SUPO and few under `full` (same command, --context full)."""
+    try:
+        smollm2_gguf_path()
+    except RuntimeError as e:
+        pytest.skip(f"SmolLM2 GGUF unavailable: {e}")
+    from supo_jax.config import load_config
+    recipe = os.path.join(ROOT, "experiments", "configs", "smollm2_supo.py")
+    cfg = load_config(recipe)
+    assert cfg.model.path.endswith(".gguf") and not cfg.train.sft_warm_start
+    assert cfg.loss.kl_coef > 0 and cfg.context.manager == "supo"
+    rates = {}
+    for ctx in ("supo", "full"):
+        out = str(tmp_path / f"{ctx}.jsonl")
+        r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--config", recipe,
+                            "--env", cfg.env.name, "--policy", "scripted", "--context", ctx,
+                            "--num", "24", "--out", out], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        with open(out) as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+        rates[ctx] = np.mean([x["reward"] for x in rows])
+    assert rates["supo"] == 1.0 and rates["full"] < 0.5, rates

@@ -20,11 +20,16 @@ from supo_jax.model.smollm2 import smollm2_gguf_path
 from supo_jax.rl.configs import AdvantageConfig, LossConfig
 
 
-def config() -> Config:
+def gguf_path() -> str:
+    """The SmolLM2 GGUF's path; a config error naming model.path when it cannot be had."""
     try:
-        path = smollm2_gguf_path()
+        return smollm2_gguf_path()
     except RuntimeError as e:
         raise ConfigError(f"model.path: the SmolLM2-135M-Instruct GGUF is unavailable ({e})") from None
+
+
+def config() -> Config:
+    path = gguf_path()
     return Config(
         model=ModelSection(path=path, dtype="float32"),
         env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
