@@ -147,6 +147,8 @@ def _cmd_rollout(args) -> None:
     sets = [f"env.name={args.env}", f"context.manager={args.context}", *(args.set or [])]
     if args.policy != "scripted":
         sets.append(f"model.path={args.policy}")
+    else:   # no warm start here (validate would ask for SFT demonstrations); same tokenizer
+        sets.append("train.sft_warm_start=false")
     cfg = load_config(args.config, sets)
     if args.policy == "scripted" and not has_expert(cfg.env.name):
         raise ValueError(f"--policy scripted: environment {cfg.env.name!r} has no scripted expert "

@@ -78,7 +78,7 @@ def test_knobs_belong_to_their_environment():
         apply_overrides(Config(), ["env.name=search", "env.eval_knobs.bogus=1"])
 
 
-def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path):
+def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path, capsys):
     (cards_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
         'register_env("cards"', 'register_env("cards_noexp"'))
     sets = ['env.imports=["my_envs.noexp"]', "env.name=cards_noexp"]
@@ -92,7 +92,9 @@ def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp
     from supo_jax.cli import main
     rc = main(["rollout", "--env", "cards_noexp", "--set", 'env.imports=["my_envs.noexp"]',
                "--policy", "scripted", "--num", "2", "--out", str(tmp_path / "x.jsonl")])
-    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "--policy scripted: environment 'cards_noexp' has no scripted expert" in err[0]
 
 
 def test_state_expert_round_trips_its_summary_and_drops_keys_on_purpose():
