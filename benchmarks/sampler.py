@@ -376,14 +376,14 @@ def matmul_floor(model_cfg, batch: int, spans: list[tuple[int, int]], repeats: i
     for _ in range(repeats):
         js.append(run_jax())
         ts.append(run_torch())
-    from supo_jax.model.decoder import attention
+    from supo_jax.model.attention import xla_attention
     q0 = jnp.asarray(rng.standard_normal((batch, 1, c.num_heads, c.head_dim), np.float32))
 
     @jax.jit
     def attn_chain(q, kv):
         mask = jnp.ones((batch, 1, kv[0][1].shape[2]), bool)
         for kt, vv in kv:
-            q = q + attention(q, kt, vv, mask, k_transposed=True)
+            q = q + xla_attention(q, kt, vv, mask, k_transposed=True)
         return q.sum()
 
     att_ms, kv_mb = {}, {}

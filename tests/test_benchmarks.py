@@ -233,3 +233,13 @@ def test_gpu_smoke_fields(tmp_path):
     for title in ("## GPU", "### Train step", "### Decode", "### Sampler vs trainer"):
         assert title in text
     assert "python benchmarks/gpu.py --smoke" in text and "| 2 x 128 |" in text
+
+
+def test_sampler_matmul_floor_runs_on_a_tiny_model():
+    """The decode floor (matmuls alone, attention alone) runs against the model code as it is:
+    it once imported a decoder function that no longer existed."""
+    from supo_jax.model.tiny import tiny_config
+    floor = _sampler_module().matmul_floor(tiny_config("qwen2", vocab_size=97), 2, [(3, 16)],
+                                           repeats=1)
+    assert floor["jax_ms"] > 0 and floor["attn_ms"] > 0 and floor["spans"] == "16"
+    assert floor["kv_mb"] > 0 and floor["matmul_gflop"] > 0
