@@ -3,8 +3,9 @@
 Read top to bottom: the KV cache (write / read one layer's slots), RMSNorm, rotary
 embedding (with llama3 scaling), the block as plain functions (project_qkv: grouped
 query projections with optional q/k/v bias and q/k RMSNorm; attend; block: attention
-plus SwiGLU MLP) over a Frame of what all blocks of one forward share, and the stack. Layer weights are stored stacked along a leading layer axis and the
-stack runs as one `jax.lax.scan`, so compile time does not grow with depth.
+plus SwiGLU MLP) over a Frame of what all blocks of one forward share, and the stack.
+Layer weights are stored stacked along a leading layer axis and the stack runs as one
+`jax.lax.scan`, so compile time does not grow with depth.
 
 Shapes: B batch, T new tokens, S cache length, E hidden, H query heads,
 K key/value heads, D head dim, F MLP width, V vocab, L layers.
