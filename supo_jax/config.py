@@ -379,7 +379,8 @@ RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.keep", "train.eval_e
 
 def config_changes(saved: dict, cfg) -> list[str]:
     """'key: saved -> new' for every setting of cfg that differs from a saved to_dict() (JSON)
-    outside RESUMABLE_KEYS."""
+    outside RESUMABLE_KEYS. A setting the saved config lacks (added to the code since) is no
+    change while it keeps its default, which is the behaviour the code had before it."""
     new = json.loads(json.dumps(to_dict(cfg), default=str))
     out = []
 
@@ -389,6 +390,8 @@ def config_changes(saved: dict, cfg) -> list[str]:
             if key in RESUMABLE_KEYS:
                 continue
             x, y = a.get(k), b.get(k)
+            if k not in a and y == _field_default(prefix, k):
+                continue      # a setting added since the run was saved, at its default
             if isinstance(x, dict) and isinstance(y, dict) and dataclasses.is_dataclass(
                     _section_type(key)):
                 walk(x, y, key + ".")
@@ -396,6 +399,17 @@ def config_changes(saved: dict, cfg) -> list[str]:
                 out.append(f"{key}: {x!r} -> {y!r}")
     walk(saved, new, "")
     return out
+
+
+def _field_default(prefix: str, name: str):
+    """The JSON form of field `name`'s class default in the section at `prefix` (None when
+    there is none)."""
+    tp = _section_type(prefix.rstrip(".")) if prefix else Config
+    f = {f.name: f for f in dataclasses.fields(tp)}.get(name) if dataclasses.is_dataclass(tp) \
+        else None
+    if f is None or f.default is dataclasses.MISSING:
+        return None
+    return json.loads(json.dumps(f.default, default=str))
 
 
 def _section_type(key: str):

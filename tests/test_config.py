@@ -59,3 +59,17 @@ def test_rl_refuses_truncated_sampling():
     for bad in ("rollout.top_k=20", "rollout.top_p=0.9"):
         with pytest.raises(ConfigError, match="rollout.top_k=.*rollout.top_p"):
             load_config(None, [bad])
+
+
+def test_config_changes_ignore_settings_added_since_at_their_default():
+    import json
+
+    from supo_jax.config import config_changes
+
+    saved = json.loads(json.dumps(to_dict(Config()), default=str))
+    del saved["advantage"]["negative_weight"]           # a run saved before the setting existed
+    assert config_changes(saved, Config()) == []
+    changed = apply_overrides(Config(), ["advantage.negative_weight=0.5"])
+    assert config_changes(saved, changed) == ["advantage.negative_weight: None -> 0.5"]
+    assert config_changes(saved, apply_overrides(Config(), ["optim.lr=0.001"])) == [
+        "optim.lr: 0.0003 -> 0.001"]
