@@ -114,6 +114,22 @@ def test_equal_rollout_weight_gives_each_trained_rollout_the_same_total_weight()
         AdvantageConfig(rollout_weight="per-token")
 
 
+def test_negative_weight_scales_only_the_below_average_rollouts():
+    ro = [_rollout(0, 1.0, "answer", [_seg(8, 3, 0), _seg(9, 4, 1)]),
+          _rollout(0, 0.0, "answer", [_seg(7, 2, 2)]),
+          _rollout(0, 0.0, "answer", [_seg(6, 2, 3)])]
+    _, full, adv, _ = rollout_advantages(ro, AdvantageConfig())
+    a_pos, a_neg = (1 - 1 / 3) / np.std([1, 0, 0]), (0 - 1 / 3) / np.std([1, 0, 0])
+    np.testing.assert_allclose(full, [a_pos, a_pos, a_neg, a_neg], rtol=1e-5)
+    _, quarter, adv_q, _ = rollout_advantages(ro, AdvantageConfig(negative_weight=0.25))
+    np.testing.assert_allclose(quarter, [a_pos, a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
+    np.testing.assert_allclose(adv_q, [a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
+    _, none, _, _ = rollout_advantages(ro, AdvantageConfig(negative_weight=0.0))
+    np.testing.assert_allclose(none, [a_pos, a_pos, 0, 0], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="negative_weight"):
+        AdvantageConfig(negative_weight=1.5)
+
+
 def _bigram_loss(W, batch):
     logits = W[batch.inputs]                              # a tiny softmax policy
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch.targets[..., None], -1)[..., 0]

@@ -107,7 +107,8 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
 def rollout_advantages(rollouts: Sequence, cfg):
     """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags):
     each rollout's group-relative advantage (cfg: rl.configs.AdvantageConfig) broadcast to its
-    segments (scaled per rollout with cfg.rollout_weight="equal"); rollouts whose reason is in
+    segments (negative ones scaled by cfg.negative_weight, and per rollout with
+    cfg.rollout_weight="equal"); rollouts whose reason is in
     cfg.masked_reasons give no rows."""
     if not rollouts:
         return [], [], np.zeros(0), np.zeros(0, bool)
@@ -120,6 +121,7 @@ def rollout_advantages(rollouts: Sequence, cfg):
     adv = np.asarray(ADVANTAGES[cfg.estimator](
         jnp.asarray(rewards), jnp.asarray(gidx), jnp.asarray(counts), len(groups),
         normalize_std=cfg.normalize_std, eps=cfg.eps, num_segments=jnp.asarray(nseg)))
+    adv = np.where(adv < 0, cfg.negative_weight * adv, adv)
     scale = np.ones(len(rollouts))
     if cfg.rollout_weight == "equal":
         ntok = np.asarray([sum(sum(s.mask) for s in r.segments) for r in rollouts], np.float64)

@@ -40,6 +40,11 @@ class AdvantageConfig:
     # so a long rollout weighs more) or "equal" (every trained rollout the same in total: its
     # segments' advantages scaled by the mean trained tokens per rollout / its own)
     rollout_weight: str = "tokens"
+    # scale on negative advantages (1 = the paper). A failed rollout's rare tokens get an
+    # unbounded push down (log p -> -inf) that spills over, through shared weights, onto the
+    # tokens every rollout shares; < 1 weighs that push against the bounded push up of
+    # successes (0 = learn from the group's better-than-average rollouts only)
+    negative_weight: float = 1.0
 
     def __post_init__(self):
         if self.estimator not in ADVANTAGES:
@@ -47,3 +52,5 @@ class AdvantageConfig:
                              f"{', '.join(ADVANTAGES)}")
         if self.rollout_weight not in ("tokens", "equal"):
             raise ValueError(f"advantage.rollout_weight={self.rollout_weight!r}: tokens or equal")
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"advantage.negative_weight={self.negative_weight}: must be in [0, 1]")
