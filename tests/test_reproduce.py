@@ -92,3 +92,19 @@ def test_readme_new_families_table_is_the_committed_results():
             cells[key] = f"{before} -> {after}"
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| {family} |"))
         assert f"| {cells['supo']} | {cells['grpo']} |" in row, (family, row, cells)
+
+
+def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    from reproduce_cpu import QUICK
+    from update_probe import main
+
+    lines = []
+    sets = [a for s in QUICK for a in ("--set", s)] + ["--set", "env.name=fncall/count",
+                                                       "--set", "env.eval_tasks=3"]
+    assert main(["--run-dir", str(tmp_path / "probe"), *sets, "--steps", "2", "--only",
+                 "negative"], log=lines.append) == 0
+    assert re.fullmatch(r"greedy: [\d.]+ success on 3 held-out tasks", lines[0])
+    steps = [l for l in lines if l.startswith("step ")]
+    assert len(steps) == 2 and all("4 rollouts" in l and "grad norm" in l for l in steps)
+    assert not any("A>0" in l for l in steps)       # --only negative zeroes the positive half
