@@ -69,8 +69,8 @@ class RolloutSection:
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
     lr: float = 1e-6
-    schedule: str = "constant"     # constant | warmup_cosine
-    warmup_steps: int = 0
+    schedule: str = "constant"     # constant | warmup_cosine (to 0 at train.steps)
+    warmup_steps: int = 0          # RL steps of linear warm-up
     weight_decay: float = 0.0
     clip_norm: float = 1.0
     minibatch_rows: int = 16       # rows per optimizer update
@@ -312,6 +312,8 @@ def validate(cfg: Config) -> Config:
             f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
             "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
             "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
+    if cfg.optim.schedule not in ("constant", "warmup_cosine"):
+        raise ConfigError(f"optim.schedule={cfg.optim.schedule!r}: constant or warmup_cosine")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
     from supo_jax.model.attention import IMPLS

@@ -98,3 +98,39 @@ def test_recomputed_logprobs_equal_sampler_logprobs():
     graphdef, params = pol.split()
     lp = np.asarray(recompute_logprobs(graphdef, params, batch, LossConfig(temperature=0.8)))
     np.testing.assert_allclose(lp * batch.mask, batch.old_logp * batch.mask, atol=1e-4)
+
+
+def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_one_rate():
+    from supo_jax.rl.train_step import learning_rate
+    assert learning_rate(0, 1.0) == learning_rate(99, 1.0) == 1.0
+    assert [learning_rate(s, 1.0, warmup_steps=4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cos = [learning_rate(s, 2.0, schedule="warmup_cosine", warmup_steps=2, total_steps=6)
+           for s in range(7)]
+    np.testing.assert_allclose(cos, [1.0, 2.0, 2.0, 1.0 + 2 ** -0.5, 1.0, 1.0 - 2 ** -0.5, 0.0])
+    with pytest.raises(ValueError, match="warmup_cosine"):
+        learning_rate(0, 1.0, schedule="linear")
+
+    # ppo_update: several minibatch updates in one RL step, all at the step's rate
+    from supo_jax.config import Config
+    from supo_jax.rl.trainer import ppo_update
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
+    graphdef, params = pol.split()
+    tx = make_optimizer(1.0)
+    opt_state = tx.init(params)
+    batch = build_batch(_segments(8, seed=2), list(np.linspace(-1, 1, 8)), max_len=32,
+                        rows_multiple=4)
+    optim = Config().optim.__class__(minibatch_rows=4)
+    p0 = jax.tree.map(np.asarray, params)
+    params, opt_state, upd = ppo_update(pol, graphdef, params, opt_state, batch, tx=tx,
+                                        loss_cfg=LossConfig(), optim=optim, mesh=None, seed=0,
+                                        lr=0.0)
+    assert upd["updates"] == 2
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)   # lr 0 in both updates: nothing moved
+    params, opt_state, _ = ppo_update(pol, graphdef, params, opt_state, batch, tx=tx,
+                                      loss_cfg=LossConfig(), optim=optim, mesh=None, seed=0,
+                                      lr=1e-3)
+    assert float(opt_state[1].hyperparams["learning_rate"]) == pytest.approx(1e-3)
+    assert int(opt_state[1].count) == 4
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(params)))
+    assert 0 < moved <= 2.2e-3   # two Adam updates of at most ~lr each, not of lr 1.0

@@ -96,6 +96,7 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None) -> list[Segme
 def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, batch_rows: int,
               max_len: int, seed: int = 0, progress=None) -> list[dict]:
     """Train `policy` in place on the segments' masked tokens; returns per-step metrics."""
+    import optax
     from flax import nnx
 
     from supo_jax.rl.batch import build_batch
@@ -104,8 +105,8 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
     if not segments:
         raise ValueError("no demonstrations to train on")
     graphdef, params = policy.split()
-    tx = make_optimizer(lr, schedule="warmup_cosine", warmup_steps=max(1, steps // 10),
-                        total_steps=steps)
+    warmup = max(1, steps // 10)   # one update per step: the schedule counts updates
+    tx = make_optimizer(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)))
     opt_state = tx.init(params)
     cfg = LossConfig(objective="sft")
     rng = np.random.default_rng(seed)

@@ -11,6 +11,7 @@ over (data, fsdp).
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -26,20 +27,42 @@ _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") 
 
 
 
-def make_optimizer(lr: float = 1e-6, *, schedule: str = "constant", warmup_steps: int = 0,
-                   total_steps: int = 1000, weight_decay: float = 0.0, clip_norm: float = 1.0,
+def make_optimizer(lr=1e-6, *, weight_decay: float = 0.0, clip_norm: float = 1.0,
                    b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
-    if schedule == "constant":
-        sched = optax.constant_schedule(lr) if not warmup_steps else optax.join_schedules(
-            [optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
-            [warmup_steps])
-    elif schedule == "warmup_cosine":
-        sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1),
-                                                   max(total_steps, warmup_steps + 1))
-    else:
-        raise ValueError(f"optim.schedule={schedule!r}: constant or warmup_cosine")
+    """Global-norm clipping, then AdamW whose learning rate lives in the optimizer state
+    (optax.inject_hyperparams). `lr` is a float or an optax schedule of the update count;
+    `train_step(..., lr=...)` sets a float one for that update, so that a schedule can
+    follow what the caller counts (RL steps, not the minibatch updates within them, whose
+    number varies with the rollouts' segments: `learning_rate`)."""
     return optax.chain(optax.clip_by_global_norm(clip_norm),
-                       optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay))
+                       optax.inject_hyperparams(optax.adamw)(
+                           learning_rate=lr, b1=b1, b2=b2, weight_decay=weight_decay))
+
+
+def learning_rate(step: int, lr: float, *, schedule: str = "constant", warmup_steps: int = 0,
+                  total_steps: int = 1000) -> float:
+    """The learning rate at `step` (0-based) of `total_steps`: `constant` (after a linear
+    warm-up from 0 over `warmup_steps`, if any) or `warmup_cosine` (that warm-up, then a
+    cosine decay to 0 at `total_steps`)."""
+    if schedule not in ("constant", "warmup_cosine"):
+        raise ValueError(f"optim.schedule={schedule!r}: constant or warmup_cosine")
+    if step < warmup_steps:   # the first step already learns: lr / warmup_steps
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    frac = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def _with_learning_rate(opt_state, lr):
+    """`opt_state` of make_optimizer with the AdamW learning rate replaced by `lr`."""
+    def put(s):
+        if hasattr(s, "hyperparams") and "learning_rate" in s.hyperparams:
+            old = s.hyperparams["learning_rate"]
+            return s._replace(hyperparams={**s.hyperparams,
+                                           "learning_rate": jnp.asarray(lr, old.dtype)})
+        return s
+    return tuple(put(s) for s in opt_state)
 
 
 def _score(graphdef, params, mb: TrainBatch, cfg: LossConfig, entropy_grad: bool = False):
@@ -97,7 +120,9 @@ def recompute_logprobs(graphdef, params, batch: TrainBatch, cfg: LossConfig = Lo
 
 @partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossConfig,
-               micro: int = 1, ref_params=None):
+               micro: int = 1, ref_params=None, lr=None):
+    if lr is not None:
+        opt_state = _with_learning_rate(opt_state, lr)
     loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)

@@ -41,7 +41,8 @@ from supo_jax.rl.multihost import (barrier, exchange_rollouts, is_main, make_run
                                    place_batch, process_local_policy, share)
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               model_fingerprint, row_len)
-from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
+from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs,
+                                    train_step)
 from supo_jax.sampling.sampler import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,7 @@ def open_run(cfg: C.Config) -> Run:
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(C.to_dict(cfg), f, indent=2, default=str)
     o = cfg.optim
-    tx = make_optimizer(o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
-                        total_steps=cfg.train.steps, weight_decay=o.weight_decay,
-                        clip_norm=o.clip_norm)
+    tx = make_optimizer(o.lr, weight_decay=o.weight_decay, clip_norm=o.clip_norm)
     graphdef, params = policy.split()
     run = Run(cfg, policy, fmt, mesh, ckpts, model_fingerprint(policy), tx, graphdef, params,
               init_opt_state(tx, params, mesh))
@@ -300,7 +299,9 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg) -> dict:
         run.params, run.opt_state, upd = ppo_update(
             run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
             loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1,
-            ref_params=run.ref_params)
+            ref_params=run.ref_params,
+            lr=learning_rate(step, o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
+                             total_steps=cfg.train.steps))
     t2 = time.time()
     return {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
             **{k: v for k, v in upd.items() if k != "loss"},
@@ -341,10 +342,10 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
 
 
 def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh,
-               seed: int, ref_params=None):
+               seed: int, ref_params=None, lr=None):
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
-    optim.recompute_old_logprobs). The policy follows the new parameters. Returns
+    optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The policy follows the new parameters. Returns
     (params, opt_state, metrics: token-weighted means over the updates, updates, rows)."""
     o = optim
     if o.recompute_old_logprobs:
@@ -357,7 +358,8 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
         for i in range(0, batch.rows, o.minibatch_rows):
             mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
             params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
-                                              cfg=loss_cfg, micro=o.micro, ref_params=ref_params)
+                                              cfg=loss_cfg, micro=o.micro, ref_params=ref_params,
+                                              lr=None if lr is None else np.float32(lr))
             nnx.update(policy.model, params)
             ms.append(m)
     ms = jax.device_get(ms)
