@@ -28,8 +28,8 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.0", "safetensors>=0.4",
-                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "accelerate>=1.0",
+                 "safetensors>=0.4", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
         "tpu": ["jax[tpu]>=0.6"],
     },
     entry_points={"console_scripts": ["supo-jax=supo_jax.cli:main"]},

@@ -168,6 +168,12 @@ def test_readme_train_command_verbatim(cards_dir):
     r = subprocess.run(COMMAND, shell=True, cwd=cards_dir, env=env, capture_output=True,
                        text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"^success_rate\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), \
-        r.stdout[-2000:]
+    row = re.search(r"^success_rate\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)
+    assert row, r.stdout[-2000:]
+    # the figures the README quotes for this command are the ones it prints
+    said = re.search(r"starts at ([\d.]+) held-out success and ends at ([\d.]+) after 30 SUPO "
+                     r"steps \(training rollouts ([\d.]+) -> ([\d.]+)\)", " ".join(README.split()))
+    assert said, "the README no longer quotes the train command's success figures"
+    before, after, step1, step30 = said.groups()
+    assert row.groups() == (before, step1, step30, after), r.stdout[-2000:]
     assert (cards_dir / "runs" / "default" / "hf" / "config.json").exists()

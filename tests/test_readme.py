@@ -5,6 +5,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
@@ -34,3 +35,99 @@ def test_public_api_blocks_run_as_written(tmp_path, monkeypatch):
     assert "success_rate" in ns["result"]["eval"]
     assert os.path.isfile(os.path.join(tmp_path, "runs", "x", "metrics.jsonl"))
     assert os.path.isfile(os.path.join(tmp_path, "out", "config.json"))
+
+
+QUICK = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+
+
+def _table(text):
+    """{metric: [figures as printed]} of the first `metric ... eval after` table in `text`."""
+    lines = text[text.index("metric  "):].splitlines()[1:]
+    rows = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 5 or not re.fullmatch(r"[a-z_]+", parts[0]):
+            break
+        rows[parts[0]] = parts[1:]
+    return rows
+
+
+def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
+    """`supo-jax train`, exactly as the Quickstart shows it, from an empty directory (about
+    4 minutes on 2 cores: SFT, 30 SUPO steps, four evals, export): the table it ends with is
+    the README's, figure for figure (the run is deterministic on a CPU)."""
+    import subprocess
+    import sys
+
+    cmd = re.search(r"\n\n    (supo-jax train)\n\n", QUICK).group(1)
+    env = dict(os.environ, XLA_FLAGS="",   # one CPU device, as a user's shell has
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    r = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = _table(QUICK)
+    assert set(want) >= {"success_rate", "overlong_rate", "summary_state_share"}
+    got = _table(r.stdout)
+    assert {k: got.get(k) for k in want} == want, r.stdout[-3000:]
+    assert (tmp_path / "runs" / "default" / "hf" / "config.json").exists()
+
+
+# the full command lines (the "Command line" section is a synopsis: its lines are not)
+COMMANDS = re.findall(r"^    ((?:supo-jax|python experiments/)[^\n]*)$",
+                      re.sub(r"\n## Command line\n.*?\n## ", "\n## ", README, flags=re.S), re.M)
+
+
+class _Stop(Exception):
+    """Raised where a README command would start training: what it was given so far."""
+
+
+def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypatch):
+    """Every full `supo-jax` / `python experiments/...` command line in the README, as written,
+    up to where it would start training: its flags parse and every config it builds validates
+    (a renamed flag, config key or environment fails here). The long runs themselves are the
+    quickstart and train-command tests above and the reproduction's miniature."""
+    import importlib.util
+    import shlex
+    import sys
+
+    from supo_jax import cli, sweep
+    from supo_jax.envs import base
+    from supo_jax.envs import experts as E
+    from supo_jax.rl import trainer
+
+    assert len(COMMANDS) >= 5, COMMANDS
+    example = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
+    (tmp_path / "my_envs").mkdir()
+    (tmp_path / "my_envs" / "cards.py").write_text(example)
+    os.symlink(os.path.join(ROOT, "experiments"), tmp_path / "experiments")  # the repo's paths
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
+    monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
+
+    def stop(*a, **k):
+        raise _Stop(a)
+
+    monkeypatch.setattr(trainer, "train", stop)
+    monkeypatch.setattr(trainer, "open_run", stop)
+    monkeypatch.setattr(sweep, "run_sweep", stop)
+    seen = []
+    try:
+        for cmd in COMMANDS:
+            argv = shlex.split(cmd, comments=True)
+            if argv[0] == "supo-jax":
+                run = lambda: cli.main(argv[1:])   # noqa: E731
+            else:
+                spec = importlib.util.spec_from_file_location("readme_cmd", os.path.join(ROOT, argv[1]))
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                if hasattr(mod, "warm_start_once"):   # SFT before the runs: a stand-in checkpoint
+                    monkeypatch.setattr(mod, "warm_start_once", lambda *a: (str(tmp_path), ""))
+                run = lambda: mod.main(argv[2:])   # noqa: E731
+            with pytest.raises(_Stop):
+                run()
+            seen.append(argv[:2])
+    finally:
+        for m in ("my_envs.cards", "my_envs", "readme_cmd"):
+            sys.modules.pop(m, None)
+    assert ["supo-jax", "train"] in seen and ["supo-jax", "sweep"] in seen
