@@ -232,3 +232,32 @@ def test_models_by_hub_id_from_the_cache_and_one_line_when_missing(tmp_path, mon
                  "--max-new-tokens", "2"]) == 0
     _one_line_error(capsys, ["generate", "--model", "someorg/absent"], "someorg/absent",
                     "offline", str(cache / "models--someorg--absent"))
+
+
+def test_train_refuses_a_run_dir_whose_checkpoints_cannot_be_restored(tmp_path, capsys):
+    """Checkpoints that no longer restore (here: the optimizer state of an older supo_jax, a
+    plain AdamW without its learning rate in the state) stop `train` with the reason; nothing
+    is overwritten and the run does not silently start over."""
+    import optax
+
+    from supo_jax.checkpoint import RunCheckpoints
+    from supo_jax.config import load_config
+    from supo_jax.rl.runs import build_policy, check_run_dir
+
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    policy = build_policy(load_config(CONFIG, [f"train.run_dir={run_dir}"]), run_dir)
+    check_run_dir(run_dir, policy, record=True)
+    _, params = policy.split()
+    old_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    ck = RunCheckpoints(os.path.join(run_dir, "checkpoints"), async_save=False)
+    ck.save(0, params, old_tx.init(params), {"step": 0})
+    ck.close()
+    before = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="step 0 .* cannot be restored"):
+        assert main(_argv("train", tmp_path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("supo-jax train: error: ") and "none of its checkpoints" in err, err
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == before
+    assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))

@@ -227,6 +227,12 @@ def open_run(cfg: C.Config) -> Run:
     run = Run(cfg, policy, fmt, mesh, ckpts, model_fingerprint(policy), tx, graphdef, params,
               init_opt_state(tx, params, mesh))
     restored = ckpts.restore_latest(run.params, run.opt_state)
+    if restored is None and ckpts.steps():
+        raise ValueError(
+            f"{run_dir}: none of its checkpoints (steps {ckpts.steps()}) can be restored into "
+            "this model and optimizer (corrupt, or written by another version of supo_jax: the "
+            "warnings above say why); nothing was overwritten. Use another train.run_dir, or move "
+            "the checkpoints away to start over")
     if restored is not None:
         run.start, run.params, run.opt_state, _ = restored
         nnx.update(policy.model, run.params)
