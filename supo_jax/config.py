@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from supo_jax.agent.context import ContextConfig
 from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
-from supo_jax.rl.configs import AdvantageConfig, LossConfig
+from supo_jax.rl.configs import SCHEDULES, AdvantageConfig, LossConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,8 +315,8 @@ def validate(cfg: Config) -> Config:
             f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
             "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
             "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
-    if cfg.optim.schedule not in ("constant", "warmup_cosine"):
-        raise ConfigError(f"optim.schedule={cfg.optim.schedule!r}: constant or warmup_cosine")
+    if cfg.optim.schedule not in SCHEDULES:
+        raise ConfigError(f"optim.schedule={cfg.optim.schedule!r}: one of {', '.join(SCHEDULES)}")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
     from supo_jax.model.attention import IMPLS

@@ -2,7 +2,6 @@
 public API (StateExpert), demonstrations as chat-messages JSONL, knobs that belong to their
 environment, env.imports from the working directory, one tokenizer for every command."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,14 +12,13 @@ from supo_jax.agent.context import ContextConfig
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
 from supo_jax.config import Config, ConfigError, apply_overrides, load_config
-from supo_jax.envs import base, make_env, make_tasks
+from supo_jax.envs import make_env, make_tasks
 from supo_jax.envs import experts as E
 from supo_jax.model.tiny import tiny_tokenizer
 from supo_jax.rl.sft import assistant_text, conversation_segment, jsonl_segments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = open(os.path.join(ROOT, "README.md")).read()
-EXAMPLE = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
+from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_env
+
 COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.cards\"\]'[^\n]*)\n",
                     README).group(1)
 
@@ -29,15 +27,8 @@ COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.cards
 def cards_dir(tmp_path, monkeypatch):
     """The README's example as my_envs/cards.py in a fresh working directory; registrations
     and imports are undone afterwards."""
-    (tmp_path / "my_envs").mkdir()
-    (tmp_path / "my_envs" / "cards.py").write_text(EXAMPLE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
-    monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield tmp_path
-    for m in ("my_envs.cards", "my_envs"):
-        sys.modules.pop(m, None)
+    with example_dir(tmp_path, monkeypatch):
+        yield tmp_path
 
 
 def test_readme_example_registers_env_and_expert_from_the_working_directory(cards_dir):
@@ -163,9 +154,7 @@ def test_every_command_builds_the_same_tokenizer():
 def test_readme_train_command_verbatim(cards_dir):
     """The README's command, as written, from the directory holding my_envs/ (a few minutes:
     SFT on the expert's demonstrations, 30 SUPO steps, eval, export)."""
-    env = dict(os.environ, XLA_FLAGS="",   # one CPU device, as a user's shell has
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run(COMMAND, shell=True, cwd=cards_dir, env=env, capture_output=True,
+    r = subprocess.run(COMMAND, shell=True, cwd=cards_dir, env=user_shell_env(), capture_output=True,
                        text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     row = re.search(r"^success_rate\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)

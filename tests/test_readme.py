@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = open(os.path.join(ROOT, "README.md")).read()
+from tests.readme_helpers import README, ROOT, example_dir, user_shell_env
+
 API = README.split("## Public API", 1)[1].split("\n## ", 1)[0]
 BLOCKS = re.findall(r"```python\n(.*?)```", API, re.S)
 
@@ -57,12 +57,9 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     4 minutes on 2 cores: SFT, 30 SUPO steps, four evals, export): the table it ends with is
     the README's, figure for figure (the run is deterministic on a CPU)."""
     import subprocess
-    import sys
 
     cmd = re.search(r"\n\n    (supo-jax train)\n\n", QUICK).group(1)
-    env = dict(os.environ, XLA_FLAGS="",   # one CPU device, as a user's shell has
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+    r = subprocess.run(cmd, shell=True, cwd=tmp_path, env=user_shell_env(), capture_output=True, text=True,
                        timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     want = _table(QUICK)
@@ -88,22 +85,12 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     quickstart and train-command tests above and the reproduction's miniature."""
     import importlib.util
     import shlex
-    import sys
 
     from supo_jax import cli, sweep
-    from supo_jax.envs import base
-    from supo_jax.envs import experts as E
     from supo_jax.rl import trainer
 
     assert len(COMMANDS) >= 5, COMMANDS
-    example = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
-    (tmp_path / "my_envs").mkdir()
-    (tmp_path / "my_envs" / "cards.py").write_text(example)
     os.symlink(os.path.join(ROOT, "experiments"), tmp_path / "experiments")  # the repo's paths
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
-    monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
 
     def stop(*a, **k):
         raise _Stop(a)
@@ -112,13 +99,14 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     monkeypatch.setattr(trainer, "open_run", stop)
     monkeypatch.setattr(sweep, "run_sweep", stop)
     seen = []
-    try:
+    with example_dir(tmp_path, monkeypatch):
         for cmd in COMMANDS:
             argv = shlex.split(cmd, comments=True)
             if argv[0] == "supo-jax":
                 run = lambda: cli.main(argv[1:])   # noqa: E731
             else:
-                spec = importlib.util.spec_from_file_location("readme_cmd", os.path.join(ROOT, argv[1]))
+                spec = importlib.util.spec_from_file_location("readme_cmd",
+                                                              os.path.join(ROOT, argv[1]))
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
                 if hasattr(mod, "warm_start_once"):   # SFT before the runs: a stand-in checkpoint
@@ -127,7 +115,4 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
             with pytest.raises(_Stop):
                 run()
             seen.append(argv[:2])
-    finally:
-        for m in ("my_envs.cards", "my_envs", "readme_cmd"):
-            sys.modules.pop(m, None)
     assert ["supo-jax", "train"] in seen and ["supo-jax", "sweep"] in seen

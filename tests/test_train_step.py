@@ -109,9 +109,11 @@ def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_
     np.testing.assert_allclose(cos, [1.0, 2.0, 2.0, 1.0 + 2 ** -0.5, 1.0, 1.0 - 2 ** -0.5, 0.0])
     with pytest.raises(ValueError, match="warmup_cosine"):
         learning_rate(0, 1.0, schedule="linear")
+    from supo_jax.config import Config, ConfigError, apply_overrides
+    with pytest.raises(ConfigError, match=r"optim\.schedule='linear'"):   # at start, named
+        apply_overrides(Config(), ["optim.schedule=linear"])
 
     # ppo_update: several minibatch updates in one RL step, all at the step's rate
-    from supo_jax.config import Config
     from supo_jax.rl.trainer import ppo_update
     pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
     graphdef, params = pol.split()
@@ -132,5 +134,6 @@ def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_
                                       lr=1e-3)
     assert float(opt_state[1].hyperparams["learning_rate"]) == pytest.approx(1e-3)
     assert int(opt_state[1].count) == 4
-    moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(params)))
+    moved = max(float(np.abs(a - b).max())
+                for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(params)))
     assert 0 < moved <= 2.2e-3   # two Adam updates of at most ~lr each, not of lr 1.0

@@ -7,6 +7,8 @@ import dataclasses
 from supo_jax.agent.context import NO_ANSWER
 from supo_jax.rl.algo import ADVANTAGES
 
+SCHEDULES = ("constant", "warmup_cosine")   # optim.schedule (rl/train_step.learning_rate)
+
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:

@@ -21,7 +21,7 @@ from flax import nnx
 
 from supo_jax.rl.algo import aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
-from supo_jax.rl.configs import LossConfig
+from supo_jax.rl.configs import SCHEDULES, LossConfig
 
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
 
@@ -44,8 +44,8 @@ def learning_rate(step: int, lr: float, *, schedule: str = "constant", warmup_st
     """The learning rate at `step` (0-based) of `total_steps`: `constant` (after a linear
     warm-up from 0 over `warmup_steps`, if any) or `warmup_cosine` (that warm-up, then a
     cosine decay to 0 at `total_steps`)."""
-    if schedule not in ("constant", "warmup_cosine"):
-        raise ValueError(f"optim.schedule={schedule!r}: constant or warmup_cosine")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={schedule!r}: one of {', '.join(SCHEDULES)}")
     if step < warmup_steps:   # the first step already learns: lr / warmup_steps
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":

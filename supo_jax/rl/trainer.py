@@ -351,13 +351,15 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
                seed: int, ref_params=None, lr=None):
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
-    optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The policy follows the new parameters. Returns
-    (params, opt_state, metrics: token-weighted means over the updates, updates, rows)."""
+    optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The
+    policy follows the new parameters. Returns (params, opt_state, metrics: token-weighted
+    means over the updates, updates, rows)."""
     o = optim
     if o.recompute_old_logprobs:
         batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(
             graphdef, params, place_batch(batch, mesh), loss_cfg)))
     rng = np.random.default_rng(seed)
+    lr = None if lr is None else np.float32(lr)
     ms = []
     for _ in range(o.ppo_epochs):
         perm = rng.permutation(batch.rows)
@@ -365,7 +367,7 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
             mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
             params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
                                               cfg=loss_cfg, micro=o.micro, ref_params=ref_params,
-                                              lr=None if lr is None else np.float32(lr))
+                                              lr=lr)
             nnx.update(policy.model, params)
             ms.append(m)
     ms = jax.device_get(ms)

@@ -1,0 +1,38 @@
+"""The README as the tests read it: its text, its environment example in a working directory
+of its own, and the environment of a user's shell for running its commands."""
+import contextlib
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md")).read()
+EXAMPLE = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
+
+
+@contextlib.contextmanager
+def example_dir(path, monkeypatch):
+    """`path` as the working directory, holding the README's example as my_envs/cards.py;
+    environment and expert registrations, sys.path and the imported modules are undone
+    afterwards."""
+    from supo_jax.envs import base
+    from supo_jax.envs import experts as E
+
+    (path / "my_envs").mkdir()
+    (path / "my_envs" / "cards.py").write_text(EXAMPLE)
+    monkeypatch.chdir(path)
+    monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
+    monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        yield path
+    finally:
+        for m in ("my_envs.cards", "my_envs"):
+            sys.modules.pop(m, None)
+
+
+def user_shell_env() -> dict:
+    """os.environ as a user's shell has it for a README command: one CPU device (no forced
+    device count), and this Python's scripts (`supo-jax`) on the PATH."""
+    return dict(os.environ, XLA_FLAGS="",
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
