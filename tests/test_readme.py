@@ -70,8 +70,13 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
 
 
 # the full command lines (the "Command line" section is a synopsis: its lines are not)
-COMMANDS = re.findall(r"^    ((?:supo-jax|python experiments/)[^\n]*)$",
-                      re.sub(r"\n## Command line\n.*?\n## ", "\n## ", README, flags=re.S), re.M)
+_BODY = re.sub(r"<!-- reproduce_cpu:begin -->.*?<!-- reproduce_cpu:end -->", "",  # a record
+               re.sub(r"\n## Command line\n.*?\n## ", "\n## ", README, flags=re.S), flags=re.S)
+# the indented command lines, and the full ones (with flags) quoted inline, line breaks undone
+COMMANDS = re.findall(r"^    ((?:supo-jax|python experiments/)[^\n]*)$", _BODY, re.M) + [
+    c for c in (" ".join(m.split()) for m in
+                re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", _BODY, flags=re.S)))
+    if re.match(r"(supo-jax|python experiments/)\S* ", c) and " --" in c and "|" not in c]
 
 
 class _Stop(Exception):
