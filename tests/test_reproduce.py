@@ -108,3 +108,44 @@ def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(t
     steps = [l for l in lines if l.startswith("step ")]
     assert len(steps) == 2 and all("4 rollouts" in l and "grad norm" in l for l in steps)
     assert not any("A>0" in l for l in steps)       # --only negative zeroes the positive half
+
+
+
+def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch):
+    """experiments/placebo.py: the advantages of every training step are computed from a
+    permutation of that step's rewards, the run is otherwise a normal `train`, and the trainer
+    is left as it was."""
+    import dataclasses
+
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import placebo
+    from reproduce_cpu import QUICK
+    from supo_jax.rl import trainer
+
+    @dataclasses.dataclass(frozen=True)
+    class R:
+        reward: float
+
+    rs = [R(float(i)) for i in range(16)]
+    out = placebo.permuted(rs, np.random.default_rng(0))
+    assert sorted(r.reward for r in out) == [r.reward for r in rs]
+    assert [r.reward for r in out] != [r.reward for r in rs]
+
+    calls = []   # (the step's rollouts, what the advantages were computed from)
+    permuted = placebo.permuted
+    monkeypatch.setattr(placebo, "permuted",
+                        lambda ro, rng: calls.append([ro, permuted(ro, rng)]) or calls[-1][1])
+    real = trainer.rollout_advantages
+    run_dir = tmp_path / "placebo"
+    sets = [a for s in QUICK for a in ("--set", s)]
+    assert placebo.main(["train", *sets, "--set", "env.name=fncall/count", "--set",
+                         f"train.run_dir={run_dir}"]) == 0
+    assert trainer.rollout_advantages is real
+    steps = [json.loads(l) for l in open(run_dir / "metrics.jsonl") if '"loss"' in l]
+    assert len(calls) == len(steps) == 2
+    for (ro, used), m in zip(calls, steps):
+        assert len(ro) == m["rollouts"] and sorted(r.reward for r in used) == sorted(
+            r.reward for r in ro)
+        assert [r.task_id for r in used] == [r.task_id for r in ro]   # only rewards move
