@@ -110,7 +110,6 @@ def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(t
     assert not any("A>0" in l for l in steps)       # --only negative zeroes the positive half
 
 
-
 def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch):
     """experiments/placebo.py: the advantages of every training step are computed from a
     permutation of that step's rewards, the run is otherwise a normal `train`, and the trainer
@@ -119,7 +118,7 @@ def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, m
 
     import numpy as np
 
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import placebo
     from reproduce_cpu import QUICK
     from supo_jax.rl import trainer
@@ -135,8 +134,12 @@ def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, m
 
     calls = []   # (the step's rollouts, what the advantages were computed from)
     permuted = placebo.permuted
-    monkeypatch.setattr(placebo, "permuted",
-                        lambda ro, rng: calls.append([ro, permuted(ro, rng)]) or calls[-1][1])
+
+    def recording(ro, rng):
+        calls.append((ro, permuted(ro, rng)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(placebo, "permuted", recording)
     real = trainer.rollout_advantages
     run_dir = tmp_path / "placebo"
     sets = [a for s in QUICK for a in ("--set", s)]
