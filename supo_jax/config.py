@@ -79,6 +79,10 @@ class OptimSection:
     max_row_len: int = 0           # 0 = the context bound (ContextConfig.cache_len)
     recompute_old_logprobs: bool = False  # default: the sampler's logprobs (same weights)
     pack: bool = False
+    # trust region (0 = off): a step's minibatch updates stop at the first minibatch on which
+    # the policy has moved more than this from the rollouts' policy (approx KL, mean over its
+    # trained tokens of 0.5 (log p - log p_old)^2); that minibatch's update is not applied
+    max_kl: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +319,8 @@ def validate(cfg: Config) -> Config:
             f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
             "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
             "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
+    if cfg.optim.max_kl < 0:
+        raise ConfigError(f"optim.max_kl={cfg.optim.max_kl}: must be >= 0 (0 = off)")
     if cfg.optim.schedule not in SCHEDULES:
         raise ConfigError(f"optim.schedule={cfg.optim.schedule!r}: one of {', '.join(SCHEDULES)}")
     if cfg.model.dtype not in ("float32", "bfloat16"):

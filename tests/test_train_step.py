@@ -137,3 +137,48 @@ def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_
     moved = max(float(np.abs(a - b).max())
                 for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(params)))
     assert 0 < moved <= 2.2e-3   # two Adam updates of at most ~lr each, not of lr 1.0
+
+
+def test_max_kl_skips_the_update_once_the_policy_has_left_the_trust_region():
+    """train_step(max_kl=...): applied while the batch's approx KL (policy vs the batch's old
+    logprobs) is within max_kl; beyond it, params and optimizer state come back unchanged."""
+    from supo_jax.rl.train_step import recompute_logprobs
+
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
+    graphdef, params = pol.split()
+    batch = build_batch(_segments(4, seed=3), [1.0, -1.0, 0.5, -0.5], max_len=32)
+    batch = batch.__class__(**{**batch.__dict__, "old_logp": np.asarray(
+        recompute_logprobs(graphdef, params, batch))})   # the batch's own policy: KL 0
+    tx = make_optimizer(3e-2)
+    opt_state = tx.init(params)
+    cfg = LossConfig(eps_high=10.0, eps_low=0.9)
+    kls, skipped = [], []
+    for _ in range(6):
+        before = jax.tree.map(np.asarray, (params, opt_state))
+        params, opt_state, m = train_step(graphdef, params, opt_state, batch, tx=tx, cfg=cfg,
+                                          max_kl=np.float32(1e-3))
+        kls.append(float(m["approx_kl"]))
+        skipped.append(float(m["skipped"]))
+        same = all(np.array_equal(a, b) for a, b in zip(
+            jax.tree.leaves(before), jax.tree.leaves(jax.tree.map(np.asarray, (params, opt_state)))))
+        assert same == (kls[-1] > 1e-3) == bool(skipped[-1])
+    assert skipped[0] == 0.0 and kls[0] < 1e-8   # the first update is always applied
+    assert skipped[-1] == 1.0                   # at lr 3e-2 the policy leaves a 1e-3 region
+
+    # ppo_update with optim.max_kl: the step's updates stop at the first one outside the region,
+    # and the policy keeps working on the returned parameters (the skipped step's were donated)
+    from supo_jax.config import Config
+    from supo_jax.rl.trainer import ppo_update
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
+    graphdef, params = pol.split()
+    batch = build_batch(_segments(8, seed=3), list(np.linspace(-1, 1, 8)), max_len=32,
+                        rows_multiple=2)
+    batch = batch.__class__(**{**batch.__dict__, "old_logp": np.asarray(
+        recompute_logprobs(graphdef, params, batch))})
+    opt_state = tx.init(params)
+    optim = Config().optim.__class__(minibatch_rows=2, max_kl=1e-3)
+    params, opt_state, upd = ppo_update(pol, graphdef, params, opt_state, batch, tx=tx,
+                                        loss_cfg=cfg, optim=optim, mesh=None, seed=0)
+    assert upd["kl_stopped"] == 1.0 and upd["updates"] == 1 and int(opt_state[1].count) == 1
+    lp = recompute_logprobs(graphdef, pol.split()[1], batch)   # the policy's own params
+    np.testing.assert_array_equal(lp, recompute_logprobs(graphdef, params, batch))

@@ -120,12 +120,21 @@ def recompute_logprobs(graphdef, params, batch: TrainBatch, cfg: LossConfig = Lo
 
 @partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossConfig,
-               micro: int = 1, ref_params=None, lr=None):
+               micro: int = 1, ref_params=None, lr=None, max_kl=None):
+    """One optimizer update on `batch`. max_kl (None: off): when the batch's approx_kl (the
+    policy's distance from the one that sampled the batch, measured in this step's forward
+    pass) exceeds it, the update is not applied (params and optimizer state come back
+    unchanged, metrics["skipped"] = 1)."""
     if lr is not None:
         opt_state = _with_learning_rate(opt_state, lr)
     loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
                    tokens=jnp.sum(batch.mask))
-    return params, opt_state, metrics
+    if max_kl is None or cfg.objective != "ppo":
+        return new_params, new_opt_state, metrics
+    skip = metrics["approx_kl"] > max_kl
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)
+    return (keep(new_params, params), keep(new_opt_state, opt_state),
+            dict(metrics, skipped=skip.astype(jnp.float32)))

@@ -360,22 +360,32 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
             graphdef, params, place_batch(batch, mesh), loss_cfg)))
     rng = np.random.default_rng(seed)
     lr = None if lr is None else np.float32(lr)
-    ms = []
+    max_kl = np.float32(o.max_kl) if o.max_kl > 0 else None
+    ms, stopped = [], False
     for _ in range(o.ppo_epochs):
         perm = rng.permutation(batch.rows)
         for i in range(0, batch.rows, o.minibatch_rows):
             mb = place_batch(batch.take(perm[i:i + o.minibatch_rows]), mesh)
             params, opt_state, m = train_step(graphdef, params, opt_state, mb, tx=tx,
                                               cfg=loss_cfg, micro=o.micro, ref_params=ref_params,
-                                              lr=lr)
-            nnx.update(policy.model, params)
+                                              lr=lr, max_kl=max_kl)
+            nnx.update(policy.model, params)   # (the old buffers were donated)
             ms.append(m)
+            # optim.max_kl: the policy left the trust region; this update was not applied and
+            # the step's remaining ones are dropped
+            stopped = max_kl is not None and bool(jax.device_get(m["skipped"]))
+            if stopped:
+                break
+        if stopped:
+            break
     ms = jax.device_get(ms)
     w = np.maximum(np.asarray([float(m["tokens"]) for m in ms]), 1e-9)
     upd = {k: float(np.average([float(m[k]) for m in ms], weights=w))
            for k in ("loss", "clip_fraction", "approx_kl", "entropy", "grad_norm", "kl_ref")
            if k in ms[0]}
-    return params, opt_state, {**upd, "updates": len(ms), "rows": int(batch.rows)}
+    if max_kl is not None:
+        upd["kl_stopped"] = float(stopped)
+    return params, opt_state, {**upd, "updates": len(ms) - stopped, "rows": int(batch.rows)}
 
 
 def init_opt_state(tx, params, mesh):
