@@ -63,9 +63,8 @@ def probe_updates(run, cfg, steps: int, only: str, log=print) -> None:
     loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
     B = cfg.rollout.tasks_per_step
     for step in range(steps):
-        rollouts = T.rollout_batch(run.policy, run.fmt, cfg, tasks[step * B:(step + 1) * B],
-                                   seed=T.hash_seed(cfg.train.seed, step))
-        segs, seg_adv, _, _ = rollout_advantages(rollouts, cfg.advantage)
+        rollouts, trained, _ = T.step_rollouts(run, step, tasks[step * B:(step + 1) * B], tasks)
+        segs, seg_adv, _, _ = rollout_advantages(trained, cfg.advantage)
         if only == "positive":
             seg_adv = [max(a, 0.0) for a in seg_adv]
         elif only == "negative":

@@ -64,6 +64,10 @@ class RolloutSection:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # DAPO's dynamic sampling (0 = off, the paper: every group of the step trains). k >= 1: a
+    # group whose advantages are all 0 (its counted rollouts all alike) is dropped, and up to k
+    # rounds of tasks_per_step tasks are sampled until tasks_per_step groups carry an advantage
+    dynamic_rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +323,9 @@ def validate(cfg: Config) -> Config:
             f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
             "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
             "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
+    if cfg.rollout.dynamic_rounds < 0:
+        raise ConfigError(f"rollout.dynamic_rounds={cfg.rollout.dynamic_rounds}: must be >= 0 "
+                          "(0 = off)")
     if cfg.optim.max_kl < 0:
         raise ConfigError(f"optim.max_kl={cfg.optim.max_kl}: must be >= 0 (0 = off)")
     if cfg.optim.schedule not in SCHEDULES:

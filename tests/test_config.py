@@ -39,6 +39,7 @@ def test_overrides_are_typed():
                                       ("loss.aggregation=foo", "loss.aggregation"),
                                       ("context.manager=xx", "context.manager"),
                                       ("optim.lr=fast", "optim.lr"),
+                                      ("rollout.dynamic_rounds=-1", "rollout.dynamic_rounds"),
                                       ("context=3", "context"),
                                       ("context=fulll", "context"),
                                       ("nonsense", "nonsense")])

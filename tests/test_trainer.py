@@ -208,3 +208,65 @@ def test_kl_penalty_to_the_starting_policy_survives_a_resume(straight_run, tmp_p
     r = subprocess.run(_cmd(ref, "loss.kl_coef=0.5", "train.accept_config_change=true"), env=ENV,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "reference policy" in r.stderr.strip().splitlines()[-1]
+
+
+def _fake_rollouts(calls):
+    """A stand-in for trainer.rollout_batch: each task names its group's rewards."""
+    from supo_jax.agent.rollout import Rollout
+
+    def rollout_batch(policy, fmt, cfg, tasks, *, seed, progress=None):
+        calls.append(([t["task_id"] for t in tasks], seed))
+        return [Rollout(task_id=t["task_id"], group_id=g, sample=j, segments=[], reward=rw,
+                        reason="answer", counters={},
+                        transcript=[])
+                for g, t in enumerate(tasks) for j, rw in enumerate(t["rewards"])]
+    return rollout_batch
+
+
+def test_dynamic_sampling_keeps_the_groups_with_an_advantage_and_resamples(monkeypatch):
+    import types
+
+    from supo_jax import config as C
+    from supo_jax.rl import trainer
+
+    calls = []
+    monkeypatch.setattr(trainer, "rollout_batch", _fake_rollouts(calls))
+    # the step's own tasks: one group all solved (no advantage), one mixed; the pool: mixed
+    # groups and all-failed ones
+    step_tasks = [{"task_id": "same", "rewards": [1, 1]}, {"task_id": "mixed", "rewards": [1, 0]}]
+    pool = [{"task_id": f"p{i}", "rewards": [0, 0] if i % 2 else [0, 1]} for i in range(50)]
+
+    def run_with(k, tasks_per_step=2):
+        cfg = C.apply_overrides(C.Config(), [f"rollout.dynamic_rounds={k}", "rollout.group_size=2",
+                                             f"rollout.tasks_per_step={tasks_per_step}",
+                                             "train.progress=false"])
+        calls.clear()
+        return trainer.step_rollouts(types.SimpleNamespace(cfg=cfg, policy=None, fmt=None), 3,
+                                     step_tasks, pool)
+
+    first, kept, m = run_with(0)           # off: the step's rollouts, all of them trained
+    assert kept is first and len(first) == 4 and m == {} and len(calls) == 1
+
+    first, kept, m = run_with(1)           # one round: the all-alike group is dropped
+    assert [r.task_id for r in first] == ["same", "same", "mixed", "mixed"]
+    assert [r.task_id for r in kept] == ["mixed", "mixed"] and m == {"rounds": 1,
+                                                                     "groups_trained": 1}
+
+    first, kept, m = run_with(4)           # more rounds until 2 groups carry an advantage
+    rounds = list(calls)
+    assert m["groups_trained"] == 2 and m["rounds"] == len(calls) >= 2
+    assert [r.task_id for r in kept[:2]] == ["mixed"] * 2 and len(kept) == 4
+    assert [r.group_id for r in kept] == [0, 0, 1, 1]
+    second = kept[2].task_id
+    assert second.startswith("p") and int(second[1:]) % 2 == 0
+    assert len({s for _, s in calls}) == len(calls)       # a fresh sampler seed per round
+    run_with(4)
+    assert calls == rounds                                 # the same tasks and seeds: replayable
+    _, kept, m = run_with(4, tasks_per_step=3)             # never more groups than asked for
+    assert m["groups_trained"] == 3 and len(kept) == 6
+
+    # every round all alike: the step trains nothing after k rounds
+    step_tasks[1] = {"task_id": "same2", "rewards": [0, 0]}
+    pool[:] = [{"task_id": f"q{i}", "rewards": [1, 1]} for i in range(50)]
+    _, kept, m = run_with(3)
+    assert kept == [] and m == {"rounds": 3, "groups_trained": 0} and len(calls) == 3

@@ -188,7 +188,7 @@ def train(cfg: C.Config) -> dict:
     for step in range(run.start, cfg.train.steps):
         pos = (step * B) % len(train_tasks)
         tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
-        row = rl_step(run, step, tasks, max_len=max_len, loss_cfg=loss_cfg)
+        row = rl_step(run, step, tasks, max_len=max_len, loss_cfg=loss_cfg, pool=train_tasks)
         metrics_log.write(row)
         history.append(row)
         if outer:
@@ -285,19 +285,51 @@ def eval_before(run: Run, metrics_log: MetricsLog) -> None:
         metrics_log.write({"step": 0, **eval_row(run.report["eval_before"])})
 
 
-def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg) -> dict:
+def step_rollouts(run: Run, step: int, tasks, pool=()) -> tuple[list, list, dict]:
+    """The rollouts of RL step `step` + 1 and those it trains on, with how they were sampled.
+
+    rollout.dynamic_rounds = 0: one round over `tasks`, every rollout trains. k >= 1 (DAPO's
+    dynamic sampling): only the groups that carry an advantage train; while fewer than
+    tasks_per_step have been found and fewer than k rounds ran, another round samples
+    tasks_per_step tasks drawn from `pool` at random positions fixed by (seed, step, round),
+    so a resumed run replays them. Returns (the first round's rollouts, the trained rollouts,
+    metrics)."""
+    cfg = run.cfg
+    B, k = cfg.rollout.tasks_per_step, cfg.rollout.dynamic_rounds
+    first, kept, rounds, informative = [], [], 0, 0
+    seed = hash_seed(cfg.train.seed, step)
+    while rounds == 0 or (rounds < k and informative < B):
+        if rounds:
+            pick = np.random.default_rng(hash_seed(seed, rounds)).choice(len(pool), B)
+            tasks = [pool[int(i)] for i in pick]
+        bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size,
+                           f"rollouts {step + 1}" + (f" round {rounds + 1}" if rounds else ""),
+                           cfg.train.progress)
+        got = rollout_batch(run.policy, run.fmt, cfg, tasks,
+                            seed=hash_seed(seed, rounds) if rounds else seed,
+                            progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        first = first or got
+        rounds += 1
+        if not k:
+            return got, got, {}
+        _, _, adv, trained = rollout_advantages(got, cfg.advantage)
+        useful = {r.group_id for r, a, t in zip(got, adv, trained) if t and a != 0}
+        for g in sorted(useful)[:B - informative]:
+            kept += [dataclasses.replace(r, group_id=informative) for r in got if r.group_id == g]
+            informative += 1
+    return first, kept, {"rounds": rounds, "groups_trained": informative}
+
+
+def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> dict:
     """RL step `step` + 1 on `tasks`: rollouts, advantages, the PPO update. Returns the
-    step's metrics row."""
+    step's metrics row (the rollout metrics are those of `tasks`, the first round)."""
     cfg, o = run.cfg, run.cfg.optim
     t0 = time.time()
-    bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size, f"rollouts {step + 1}",
-                       cfg.train.progress)
-    rollouts = rollout_batch(run.policy, run.fmt, cfg, tasks, seed=hash_seed(cfg.train.seed, step),
-                             progress=bar.update if bar else None)
-    if bar:
-        bar.close()
+    rollouts, trainable, sampled = step_rollouts(run, step, tasks, pool)
     t1 = time.time()
-    segs, seg_adv, adv, trained = rollout_advantages(rollouts, cfg.advantage)
+    segs, seg_adv, _, _ = rollout_advantages(trainable, cfg.advantage)
     upd = {}
     if segs:
         batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
@@ -310,9 +342,10 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg) -> dict:
                              total_steps=cfg.train.steps))
     t2 = time.time()
     return {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
-            **{k: v for k, v in upd.items() if k != "loss"},
-            "masked_rate": float(1 - np.mean(trained)), "segments": len(segs),
-            "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
+            **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
+            "masked_rate": float(np.mean([r.reason in cfg.advantage.masked_reasons
+                                          for r in rollouts])),
+            "segments": len(segs), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
 
 
 def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int) -> None:
