@@ -145,9 +145,12 @@ class Config:
     env: EnvSection = EnvSection(name="fncall/tallest", knobs={"size": [5, 9]}, train_tasks=1024,
                                  eval_tasks=16)
     context: ContextConfig = CPU_CONTEXT
-    # a tiny policy's distributions are diffuse: sampling at 0.7 keeps enough rollouts answering
+    # a tiny policy's distributions are diffuse: sampling at 0.7 keeps enough rollouts answering.
+    # Dynamic sampling (up to 4 rounds until 8 groups carry an advantage), measured over seeds
+    # 0-2: the README's cards env 0.52 -> 0.62 with it, 0.52 -> 0.44 without; tallest 0.41 ->
+    # 0.72 against 0.73; count 37.0 -> 29.7% against 30.2% (README, Tuning a new task)
     rollout: RolloutSection = RolloutSection(tasks_per_step=8, group_size=4, rows=32,
-                                             temperature=0.7)
+                                             temperature=0.7, dynamic_rounds=4)
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
     # a cosine decay of the learning rate to 0 at the last step: measured over seeds 0-2, the
