@@ -5,7 +5,9 @@ to what any rollout did:
     python experiments/placebo.py train --set 'env.imports=["my_envs.cards"]' --set env.name=cards --set train.run_dir=runs/placebo
 
 Everything else (the config, its --set overrides, the metrics and their rollouts' own success)
-is the normal run's. If a run ends where its placebo does, its updates carried no more than
+is the normal run's. With dynamic sampling (rollout.dynamic_rounds), the groups a step keeps are
+picked from a permutation of each round's rewards too, so they are as unrelated to what the
+rollouts did as the advantages. If a run ends where its placebo does, its updates carried no more than
 their noise.
 """
 from __future__ import annotations
