@@ -67,10 +67,11 @@ def test_config_changes_ignore_settings_added_since_at_their_default():
 
     from supo_jax.config import config_changes
 
-    saved = json.loads(json.dumps(to_dict(Config()), default=str))
+    base = apply_overrides(Config(), ["advantage.negative_weight=1.0"])   # its class default
+    saved = json.loads(json.dumps(to_dict(base), default=str))
     del saved["advantage"]["negative_weight"]           # a run saved before the setting existed
-    assert config_changes(saved, Config()) == []
+    assert config_changes(saved, base) == []
     changed = apply_overrides(Config(), ["advantage.negative_weight=0.5"])
     assert config_changes(saved, changed) == ["advantage.negative_weight: None -> 0.5"]
-    assert config_changes(saved, apply_overrides(Config(), ["optim.lr=0.001"])) == [
+    assert config_changes(saved, apply_overrides(base, ["optim.lr=0.001"])) == [
         "optim.lr: 0.0003 -> 0.001"]

@@ -25,6 +25,8 @@ def config() -> Config:
         sft=dataclasses.replace(base.sft, summary_drop=0.25, full_context_demos=0.34),
         # the constant learning rate the committed results (experiments/results/) were run with
         optim=dataclasses.replace(base.optim, schedule="constant"),
-        # and without dynamic sampling (every group of a step trains), as they were run
+        # and without dynamic sampling (every group of a step trains) or a reduced weight on the
+        # below-average rollouts, as they were run
         rollout=dataclasses.replace(base.rollout, dynamic_rounds=0),
+        advantage=dataclasses.replace(base.advantage, negative_weight=1.0),
     )
