@@ -79,19 +79,29 @@ def test_readme_results_block_is_the_committed_results_md():
         assert os.path.getsize(os.path.join(ROOT, png)) > 1000
 
 
-def test_readme_new_families_table_is_the_committed_results():
-    """The README's two-families table quotes experiments/results/{cpu_reproduce,cpu_listing}."""
+def _before_after(d, label):
+    """'before -> after' of one method's row in experiments/results/<d>/results.md."""
+    md = open(os.path.join(ROOT, "experiments", "results", d, "results.md")).read()
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {label} |"))
+    before, after = row.split(" | ")[3:5]
+    return f"{before} -> {after}"
+
+
+def test_readme_new_families_tables_are_the_committed_results():
+    """The README's families tables quote the committed outputs: the default recipe's count row
+    experiments/results/{cpu_count_dynamic_nw,cpu_count_nw_grpo}, the reproduction recipe's
+    rows experiments/results/{cpu_reproduce,cpu_listing}."""
     readme = open(os.path.join(ROOT, "README.md")).read()
-    table = readme.split("### Two task families nobody tuned for", 1)[1].split("\n\n(mean", 1)[0]
+    section = readme.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
+    default, reproduction = section.split("The same two families under the reproduction's recipe")
+    row = next(ln for ln in default.splitlines() if ln.startswith("| `fncall/count`"))
+    supo, grpo = (_before_after(d, label) for d, label in (
+        ("cpu_count_dynamic_nw", "SUPO (W=512, S=3)"), ("cpu_count_nw_grpo", "GRPO (W=512)")))
+    assert row.endswith(f"| {supo} | {grpo} |"), (row, supo, grpo)
     for family, d in (("count", "cpu_reproduce"), ("listing", "cpu_listing")):
-        md = open(os.path.join(ROOT, "experiments", "results", d, "results.md")).read()
-        cells = {}
-        for label, key in (("SUPO (W=512, S=3)", "supo"), ("GRPO (W=512)", "grpo")):
-            row = next(ln for ln in md.splitlines() if ln.startswith(f"| {label} |"))
-            before, after = row.split(" | ")[3:5]
-            cells[key] = f"{before} -> {after}"
-        row = next(ln for ln in table.splitlines() if ln.startswith(f"| {family} |"))
-        assert f"| {cells['supo']} | {cells['grpo']} |" in row, (family, row, cells)
+        cells = [_before_after(d, label) for label in ("SUPO (W=512, S=3)", "GRPO (W=512)")]
+        row = next(ln for ln in reproduction.splitlines() if ln.startswith(f"| {family} |"))
+        assert "| {} | {} |".format(*cells) in row, (family, row, cells)
 
 
 def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):
