@@ -10,7 +10,10 @@ latest checkpoint):
 2. --steps RL steps exactly as the trainer takes them (rollouts at rollout.temperature, the
    configured advantages, one PPO update); after each, the mean change of log-probability of
    the batch's trained tokens, split by the sign of their advantage, and the update's gradient
-   norm. `--only positive|negative` zeroes the other sign's advantages, to see each half alone.
+   norm. `--only positive|negative` zeroes the other sign's advantages, to see each half alone;
+3. after each step, retention: the probability the policy now gives to the tokens of its own
+   successful greedy rollouts from 1., all of them and the number tokens among them, i.e.
+   whether the updates keep what the starting policy already does right.
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import sys
 import numpy as np
 
 
-def greedy_failures(run, cfg, log=print) -> None:
+def greedy_failures(run, cfg, log=print) -> list:
+    """Logs the greedy failures; returns the segments of the greedy successes."""
     import jax
 
     from supo_jax.envs.datasets import load_tasks
@@ -50,9 +54,50 @@ def greedy_failures(run, cfg, log=print) -> None:
             top = np.argsort(-p)[:5]
             log("    last number token: " + ", ".join(f"{tok.decode([int(t)])!r} {p[t]:.3f}"
                                                      for t in top))
+    return [s for r in ro if r.reward > 0 for s in r.segments]
 
 
-def probe_updates(run, cfg, steps: int, only: str, log=print) -> None:
+class Retention:
+    """What the updates do to what the starting policy already gets right: the probability (at
+    the sampling temperature) of the trained tokens of segments of successful rollouts (in
+    `main`, the policy's own greedy successes), all of them and the number tokens among them
+    (counts, indices, answers): mean probability and mean change of log-probability since the
+    start."""
+
+    def __init__(self, run, cfg, segs, loss_cfg):
+        from supo_jax.rl import trainer as T
+        from supo_jax.rl.batch import build_batch
+
+        self.run, self.loss_cfg = run, loss_cfg
+        self.batch = build_batch(segs, [0.0] * len(segs), max_len=T.row_len(cfg, run.fmt),
+                                 rows_multiple=cfg.optim.minibatch_rows) if segs else None
+        if self.batch is not None:
+            tok = run.policy.tokenizer
+            targets = self.batch.targets
+            digit = [int(t) for t in np.unique(targets) if tok.decode([int(t)]).strip().isdigit()]
+            m = self.batch.mask > 0
+            self.sel = {"all": m, "numbers": m & np.isin(targets, digit)}
+            self.start = self.logp()
+
+    def logp(self):
+        from supo_jax.rl.train_step import recompute_logprobs
+        return np.asarray(recompute_logprobs(self.run.graphdef, self.run.params, self.batch,
+                                             self.loss_cfg))
+
+    def report(self) -> str:
+        if self.batch is None:
+            return "retention: no successful rollout to measure"
+        now = self.logp()
+        parts = []
+        for name, sel in self.sel.items():
+            if sel.any():
+                parts.append(f"{name} {sel.sum()} tokens P {np.exp(self.start[sel]).mean():.3f} -> "
+                             f"{np.exp(now[sel]).mean():.3f} (log-probability "
+                             f"{(now - self.start)[sel].mean():+.4f})")
+        return "retention of the successful rollouts: " + "; ".join(parts)
+
+
+def probe_updates(run, cfg, steps: int, only: str, log=print, kept=()) -> None:
     from supo_jax.envs.datasets import load_tasks
     from supo_jax.rl import trainer as T
     from supo_jax.rl.batch import build_batch, rollout_advantages
@@ -62,6 +107,7 @@ def probe_updates(run, cfg, steps: int, only: str, log=print) -> None:
                        **cfg.env.knobs)
     loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
     B = cfg.rollout.tasks_per_step
+    retention = Retention(run, cfg, kept, loss_cfg)
     for step in range(steps):
         rollouts, trained, _ = T.step_rollouts(run, step, tasks[step * B:(step + 1) * B], tasks)
         segs, seg_adv, _, _ = rollout_advantages(trained, cfg.advantage)
@@ -84,6 +130,7 @@ def probe_updates(run, cfg, steps: int, only: str, log=print) -> None:
         log(f"step {step + 1}: {len(rollouts)} rollouts, success {np.mean(rewards):.3f}, "
             f"{upd['updates']} updates, grad norm {upd['grad_norm']:.4f}; mean change of "
             f"log-probability: " + "; ".join(parts))
+        log(f"step {step + 1}: " + retention.report())
 
 
 def main(argv=None, log=print) -> int:
@@ -100,8 +147,8 @@ def main(argv=None, log=print) -> int:
     sys.path.insert(0, os.getcwd())      # env.imports from the working directory
     cfg = C.load_config(args.config, [*args.set, f"train.run_dir={args.run_dir}"])
     run = T.open_run(cfg)
-    greedy_failures(run, cfg, log)
-    probe_updates(run, cfg, args.steps, args.only, log)
+    kept = greedy_failures(run, cfg, log)
+    probe_updates(run, cfg, args.steps, args.only, log, kept)
     return 0
 
 

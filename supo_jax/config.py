@@ -312,6 +312,10 @@ def validate(cfg: Config) -> Config:
                 "a pretrained model: model.path=...)")
     elif warm and not os.path.isfile(cfg.sft.demos):
         raise ConfigError(f"sft.demos={cfg.sft.demos!r}: no such file ('expert' or a JSONL path)")
+    if warm and (cfg.sft.steps < 1 or (cfg.sft.demos == "expert" and cfg.sft.num_demos < 1)):
+        raise ConfigError(f"sft.steps={cfg.sft.steps}, sft.num_demos={cfg.sft.num_demos}: an SFT "
+                          "warm start takes at least one step and one demonstration (or "
+                          "train.sft_warm_start=false)")
     if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
         raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
     if cfg.optim.minibatch_rows % cfg.optim.micro:

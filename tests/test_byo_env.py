@@ -67,6 +67,9 @@ def test_knobs_belong_to_their_environment():
         apply_overrides(Config(), ["env.knobs.sise=3"])
     with pytest.raises(ConfigError, match=r"env\.eval_knobs\.bogus"):
         apply_overrides(Config(), ["env.name=search", "env.eval_knobs.bogus=1"])
+    with pytest.raises(ConfigError, match=r"sft\.steps=0, .*train\.sft_warm_start=false"):
+        apply_overrides(Config(), ["sft.steps=0"])     # was an IndexError after the demos
+    apply_overrides(Config(), ["sft.steps=0", "train.sft_warm_start=false"])
 
 
 def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path, capsys):

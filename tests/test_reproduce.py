@@ -98,6 +98,10 @@ def test_readme_new_families_tables_are_the_committed_results():
     supo, grpo = (_before_after(d, label) for d, label in (
         ("cpu_count_dynamic_nw", "SUPO (W=512, S=3)"), ("cpu_count_nw_grpo", "GRPO (W=512)")))
     assert row.endswith(f"| {supo} | {grpo} |"), (row, supo, grpo)
+    flat = " ".join(section.split())
+    for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl"):   # the variants quoted in its prose
+        quote = f"{_before_after(d, 'SUPO (W=512, S=3)')}% (experiments/results/{d}/"
+        assert quote in flat, quote
     for family, d in (("count", "cpu_reproduce"), ("listing", "cpu_listing")):
         cells = [_before_after(d, label) for label in ("SUPO (W=512, S=3)", "GRPO (W=512)")]
         row = next(ln for ln in reproduction.splitlines() if ln.startswith(f"| {family} |"))
@@ -116,8 +120,13 @@ def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(t
                  "negative"], log=lines.append) == 0
     assert re.fullmatch(r"greedy: [\d.]+ success on 3 held-out tasks", lines[0])
     steps = [l for l in lines if l.startswith("step ")]
-    assert len(steps) == 2 and all("4 rollouts" in l and "grad norm" in l for l in steps)
-    assert not any("A>0" in l for l in steps)       # --only negative zeroes the positive half
+    assert len(steps) == 4 and all("4 rollouts" in l and "grad norm" in l for l in steps[::2])
+    assert not any("A>0" in l for l in steps[::2])  # --only negative zeroes the positive half
+    kept = [l for l in steps if "retention" in l]
+    assert len(kept) == 2, steps
+    for line in kept:   # a probability and a log-probability change per token class measured
+        assert ("no successful rollout" in line
+                or re.search(r"all \d+ tokens P [\d.]+ -> [\d.]+ \(log-probability [-+][\d.]+\)", line)), line
 
 
 def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch):
@@ -164,3 +173,38 @@ def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, m
         assert len(ro) == m["rollouts"] and sorted(r.reward for r in used) == sorted(
             r.reward for r in ro)
         assert [r.task_id for r in used] == [r.task_id for r in ro]   # only rewards move
+
+
+def test_update_probe_retention_measures_what_an_update_does_to_kept_tokens(tmp_path):
+    """Retention (update_probe.py step 3): unchanged params give the start's probabilities; one
+    PPO update with a positive advantage on the kept segments themselves raises them."""
+    import dataclasses
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    from reproduce_cpu import QUICK
+    from update_probe import Retention
+
+    from supo_jax import config as C
+    from supo_jax.envs.datasets import load_tasks
+    from supo_jax.rl import trainer as T
+    from supo_jax.rl.batch import build_batch
+    from supo_jax.rl.sft import expert_segments
+
+    cfg = C.load_config(None, [*QUICK, "env.name=fncall/count", "train.sft_warm_start=false",
+                               f"train.run_dir={tmp_path / 'r'}"])
+    run = T.open_run(cfg)
+    tasks = load_tasks(cfg.env.name, "train", 2, seed=0, **cfg.env.knobs)
+    segs, _ = expert_segments(run.fmt, cfg.env.name, tasks, cfg.context)
+    loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature)
+    kept = Retention(run, cfg, segs, loss_cfg)
+    pat = r"all (\d+) tokens P ([\d.]+) -> ([\d.]+) \(log-probability ([-+][\d.]+)\)"
+    m = re.search(pat, kept.report())
+    assert m and m[2] == m[3] and float(m[4]) == 0.0, kept.report()
+    assert "numbers" in kept.report()          # count's demonstrations write numbers
+    batch = build_batch(segs, [1.0] * len(segs), max_len=T.row_len(cfg, run.fmt),
+                        rows_multiple=cfg.optim.minibatch_rows)
+    run.params, run.opt_state, _ = T.ppo_update(
+        run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
+        loss_cfg=loss_cfg, optim=cfg.optim, mesh=run.mesh, seed=0)
+    m = re.search(pat, kept.report())
+    assert float(m[4]) > 0, kept.report()
