@@ -99,7 +99,7 @@ def test_readme_new_families_tables_are_the_committed_results():
         ("cpu_count_dynamic_nw", "SUPO (W=512, S=3)"), ("cpu_count_nw_grpo", "GRPO (W=512)")))
     assert row.endswith(f"| {supo} | {grpo} |"), (row, supo, grpo)
     flat = " ".join(section.split())
-    for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl"):   # the variants quoted in its prose
+    for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl", "cpu_count_nw_g8", "cpu_count_nw_t1"):
         quote = f"{_before_after(d, 'SUPO (W=512, S=3)')}% (experiments/results/{d}/"
         assert quote in flat, quote
     for family, d in (("count", "cpu_reproduce"), ("listing", "cpu_listing")):
