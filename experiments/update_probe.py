@@ -25,6 +25,11 @@ import sys
 import numpy as np
 
 
+def is_number(tok, token_id) -> bool:
+    """Whether a token is (part of) a number: counts, indices, answers."""
+    return tok.decode([int(token_id)]).strip().isdigit()
+
+
 def greedy_failures(run, cfg, log=print) -> list:
     """Logs the greedy failures; returns the segments of the greedy successes."""
     import jax
@@ -46,7 +51,7 @@ def greedy_failures(run, cfg, log=print) -> list:
         last = next((m["content"] for m in reversed(r.transcript) if m["role"] == "assistant"), "")
         log(f"- {r.task_id} {fields} ({r.reason}): {last!r}")
         seg = r.segments[-1]
-        pos = [i for i, t in enumerate(seg.tokens) if seg.mask[i] and tok.decode([t]).strip().isdigit()]
+        pos = [i for i, t in enumerate(seg.tokens) if seg.mask[i] and is_number(tok, t)]
         if pos:
             x = np.asarray([seg.tokens[:pos[-1]]], np.int32)
             logits, _ = run.policy.model(x, np.arange(pos[-1], dtype=np.int32)[None])
@@ -72,11 +77,10 @@ class Retention:
         self.batch = build_batch(segs, [0.0] * len(segs), max_len=T.row_len(cfg, run.fmt),
                                  rows_multiple=cfg.optim.minibatch_rows) if segs else None
         if self.batch is not None:
-            tok = run.policy.tokenizer
             targets = self.batch.targets
-            digit = [int(t) for t in np.unique(targets) if tok.decode([int(t)]).strip().isdigit()]
+            numbers = [t for t in np.unique(targets) if is_number(run.policy.tokenizer, t)]
             m = self.batch.mask > 0
-            self.sel = {"all": m, "numbers": m & np.isin(targets, digit)}
+            self.sel = {"all": m, "numbers": m & np.isin(targets, numbers)}
             self.start = self.logp()
 
     def logp(self):
