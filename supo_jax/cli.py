@@ -40,6 +40,45 @@ def _config(args):
     return load_config(args.config, args.set or [])
 
 
+def _run_config(args):
+    """eval's config: the run directory's saved config.json (the settings its checkpoints were
+    trained with) with this command's --set overrides on top, or the command's own config where
+    the directory has none. A --config file whose settings differ from the saved ones is an
+    error that lists the differences."""
+    import dataclasses
+    import json
+    import os
+
+    from supo_jax.config import ConfigError, apply_overrides, config_changes, from_dict
+
+    cfg = _config(args)
+    fn = os.path.join(cfg.train.run_dir, "config.json")
+    if not os.path.isfile(fn):
+        return cfg
+    try:
+        with open(fn) as f:
+            saved = json.load(f)
+        base = from_dict(saved)
+    except (json.JSONDecodeError, ConfigError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{fn} is not a readable run config ({e})") from None
+    if args.config:   # the file's settings and this command's --set keys against the saved
+        keys = ["train.run_dir"] + [o.split("=", 1)[0].strip() for o in args.set or []]
+        keys += ["env.knobs", "env.eval_knobs"] if "env.name" in keys else []
+        changes = [c for c in config_changes(saved, cfg) if not any(
+            c.startswith(k + ":") or c.startswith(k + ".") or k.startswith(c.split(":")[0] + ".")
+            for k in keys)]
+        if changes:
+            raise ConfigError(
+                f"{cfg.train.run_dir} was trained with settings other than {args.config}'s:\n  "
+                + "\n  ".join(changes) + "\neval uses the run's saved settings (config.json): "
+                "leave out --config, and --set only what the evaluation should change")
+    base = dataclasses.replace(base, train=dataclasses.replace(base.train,
+                                                               run_dir=cfg.train.run_dir))
+    print(f"config: {fn} (the run's settings)"
+          + (f" with {', '.join(args.set)}" if args.set else ""))
+    return apply_overrides(base, args.set or [])
+
+
 def _cmd_train(args) -> None:
     import os
 
@@ -96,7 +135,7 @@ def _cmd_eval(args) -> None:
     from supo_jax.rl.runs import check_prompt_fits
     from supo_jax.rl.trainer import evaluate
 
-    cfg = _config(args)
+    cfg = _run_config(args)
     policy = _restore_policy(cfg)
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt, "eval")
@@ -131,7 +170,8 @@ def _cmd_sft(args) -> None:
     report = warm_start(policy, fmt, cfg)
     out = os.path.join(cfg.train.run_dir, "sft")
     policy.save_pretrained(out)
-    print(report)
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                   for k, v in report.items()))
     print(f"saved {out} (use it with --set train.init_from={out})")
 
 

@@ -298,8 +298,10 @@ def validate(cfg: Config) -> Config:
                               "from the working directory and sys.path)") from None
     from supo_jax.envs import list_envs
     if cfg.env.name not in list_envs():
+        hint = ("" if cfg.env.imports else "; an environment of your own registers when its "
+                "module is imported: --set 'env.imports=[\"my_envs.cards\"]'")
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
-                          f"({', '.join(list_envs())})")
+                          f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)
     warm = cfg.train.sft_warm_start and not (cfg.train.init_from or cfg.model.path)
     if warm and cfg.sft.demos == "expert":

@@ -55,6 +55,14 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir)
                        cwd=cards_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"success_rate\s+1\.0", r.stdout)
+    # the README's scripted-expert figure under `full` is what its command prints
+    said = re.search(r"`(supo-jax rollout --env cards [^`]*--context full[^`]*)` prints "
+                     r"`success_rate ([\d.]+)`", " ".join(README.split()))
+    assert said, "the README no longer quotes the scripted expert's rollout under full"
+    r = subprocess.run(said.group(1), shell=True, capture_output=True, text=True, cwd=cards_dir,
+                       env=user_shell_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == said.group(2)
 
 
 def test_knobs_belong_to_their_environment():
@@ -136,10 +144,16 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
     with pytest.raises(ValueError, match=r"demos.jsonl:3: bad demonstration"):
         jsonl_segments(fmt, str(p))
     p.write_text(json.dumps(demo) + "\n")
-    [seg] = jsonl_segments(fmt, str(p), default_tools=[{"type": "function", "function": {
-        "name": "inc", "description": "add one", "parameters": {}}}])
+    tools = [{"type": "function", "function": {"name": "inc", "description": "add one",
+                                                "parameters": {}}}]
+    [seg] = jsonl_segments(fmt, str(p), default_tools=tools)
     trained = fmt.decode([t for t, m in zip(seg.tokens, seg.mask) if m])
     assert '"name": "inc"' in trained and '"answer": 1' in trained and "count=1" not in trained
+    assert len(jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 1)) == 1   # fits a row
+    with pytest.raises(ValueError, match=rf"demos.jsonl:1: a demonstration of {len(seg)} tokens"
+                                         rf", where a training row holds {len(seg) - 1} .*"
+                                         "context.working_context"):
+        jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 2)
     assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
     assert seg == conversation_segment(fmt, demo["messages"], [{"type": "function", "function": {
         "name": "inc", "description": "add one", "parameters": {}}}])
@@ -169,3 +183,57 @@ def test_readme_train_command_verbatim(cards_dir):
     before, after, step1, step30 = said.groups()
     assert row.groups() == (before, step1, step30, after), r.stdout[-2000:]
     assert (cards_dir / "runs" / "default" / "hf" / "config.json").exists()
+
+
+BOOM = '''
+from supo_jax.envs.base import register_env
+from supo_jax.envs.experts import register_expert
+from my_envs.cards import Cards, CardsExpert, tasks
+
+@register_env("cards_boom", tasks=tasks)
+class Boom(Cards):
+    def reset(self, task):
+        if task["red"] == 0:
+            raise OSError("no deck today")
+        return super().reset(task)
+
+    def step(self, name, args):
+        if name == "read" and args["i"] == 1 and self.task["red"] % 2 == 0:
+            raise RuntimeError("card 1 exploded")
+        return super().step(name, args)
+
+register_expert("cards_boom", CardsExpert)
+'''
+
+
+def test_an_environment_that_raises_fails_its_rollouts_not_the_command(cards_dir):
+    """Exceptions in a user's reset / step: the tiny tokenizer's corpus skips what the expert
+    could not reach (it used to raise out of every command), the rollouts that hit them end as
+    env_error, env_error_rate counts them and each kind of error is printed once."""
+    from supo_jax.rl.runs import env_corpus
+    from supo_jax.rl.trainer import _REPORTED_ERRORS, report_env_errors
+
+    (cards_dir / "my_envs" / "boom.py").write_text(BOOM)
+    cfg = apply_overrides(Config(), ['env.imports=["my_envs.boom"]', "env.name=cards_boom"])
+    corpus = "\n".join(env_corpus(cfg))
+    assert "card 0 is blue." in corpus and "There are 1" in corpus
+    fmt = ChatFormat(tiny_tokenizer(template="compact"))
+    tasks = make_tasks("cards_boom", "train", 24)
+    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+                        max_summary_tokens=60, max_observation_tokens=16)
+    ro = run_rollouts(ScriptedActor(E.expert_for("cards_boom"), fmt),
+                      lambda: make_env("cards_boom"), tasks, fmt, ctx)
+    bad = {"reset": [t["red"] == 0 for t in tasks],
+           "step": [t["red"] > 1 and t["red"] % 2 == 0 for t in tasks]}
+    assert any(bad["reset"]) and any(bad["step"])
+    for r, rs, st in zip(ro, bad["reset"], bad["step"]):
+        assert r.reason == ("env_error" if rs or st else "answer"), (r.reason, r.transcript[-1])
+    from supo_jax.agent.rollout import summarize
+    assert summarize(ro)["env_error_rate"] == (sum(bad["reset"]) + sum(bad["step"])) / len(ro)
+    _REPORTED_ERRORS.clear()
+    lines = []
+    report_env_errors(ro, log=lines.append)
+    report_env_errors(ro, log=lines.append)          # the same errors again: not reprinted
+    assert len(lines) == 2, lines
+    assert any("OSError('no deck today')" in x for x in lines)
+    assert any("RuntimeError('card 1 exploded')" in x for x in lines)

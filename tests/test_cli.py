@@ -127,6 +127,54 @@ def test_resume_with_other_settings_is_refused_then_accepted(tmp_path, trained_r
     check_resume_config(run, changed, [])          # no checkpoint yet: nothing to protect
 
 
+def test_eval_uses_the_runs_saved_settings(tmp_path, trained_run, monkeypatch, capsys):
+    """`eval` on a run directory evaluates under the settings its checkpoints were trained with
+    (its config.json, e.g. a user environment), with the command's --set on top; a --config
+    whose settings differ from the saved ones is a one-line error naming them."""
+    import json
+    import shutil
+
+    from supo_jax.config import load_config, to_dict
+    from supo_jax.rl import trainer
+
+    run = str(tmp_path / "run")
+    shutil.copytree(trained_run, run)
+    saved = load_config(CONFIG, [f"train.run_dir=elsewhere", "env.name=fncall/count",
+                                 "env.knobs.size=3", "context.max_summaries=2"])
+    with open(os.path.join(run, "config.json"), "w") as f:
+        json.dump(to_dict(saved), f, default=str)
+    seen = []
+
+    def evaluate(policy, fmt, cfg, max_summaries=None, **kw):
+        seen.append(cfg)
+        return {"max_summaries": cfg.context.max_summaries, "success_rate": 0.0,
+                "summaries_mean": 0.0, "tool_calls_mean": 0.0, "working_context_mean": 0.0,
+                "effective_context_mean": 0.0, "overlong_rate": 0.0}
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
+    assert main(["eval", "--set", f"train.run_dir={run}", "--set", "env.eval_tasks=5"]) == 0
+    cfg = seen[-1]
+    assert (cfg.env.name, cfg.env.knobs, cfg.context.max_summaries) == ("fncall/count",
+                                                                        {"size": 3}, 2)
+    assert (cfg.env.eval_tasks, cfg.train.run_dir) == (5, run)
+    assert "the run's settings" in capsys.readouterr().out
+    assert os.path.exists(os.path.join(run, "eval_scaling.json"))
+    # the file the run was made with, plus the --set it was made with: no difference
+    assert main(["eval", "--config", CONFIG, "--set", f"train.run_dir={run}", "--set",
+                 "env.name=fncall/count", "--set", "env.knobs.size=3", "--set",
+                 "context.max_summaries=2"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--config", CONFIG, "--set", f"train.run_dir={run}"]) == 2
+    err = capsys.readouterr().err   # like a refused resume: one line per difference
+    assert err.startswith("supo-jax eval: error: ") and "Traceback" not in err, err
+    for needle in ("env.name: 'fncall/count' -> 'fncall/pages'", "context.max_summaries: 2 -> 3",
+                   "leave out --config"):
+        assert needle in err, err
+    (tmp_path / "run" / "config.json").write_text("{not json")
+    _one_line_error(capsys, ["eval", "--set", f"train.run_dir={run}"], "config.json",
+                    "not a readable run config")
+
+
 @pytest.fixture(scope="module")
 def trained_run(run_of_another_model):
     """A run directory with a checkpoint of CONFIG's own model (what `eval` restores)."""

@@ -92,6 +92,7 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     import shlex
 
     from supo_jax import cli, sweep
+    from supo_jax.agent import rollout
     from supo_jax.rl import trainer
 
     assert len(COMMANDS) >= 5, COMMANDS
@@ -103,6 +104,7 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     monkeypatch.setattr(trainer, "train", stop)
     monkeypatch.setattr(trainer, "open_run", stop)
     monkeypatch.setattr(sweep, "run_sweep", stop)
+    monkeypatch.setattr(rollout, "run_rollouts", stop)   # rollout commands (test_byo_env runs them)
     seen = []
     with example_dir(tmp_path, monkeypatch):
         for cmd in COMMANDS:

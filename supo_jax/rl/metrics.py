@@ -103,7 +103,7 @@ def summary_table(history: list[dict], final: dict | None = None,
     """A terminal table: the eval before training, the first / last step, the final eval."""
     keys = ["success_rate", "reward_mean", "loss", "p_summary", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "working_context_max", "effective_context_mean",
-            "overlong_rate", "summary_state_share",
+            "overlong_rate", "env_error_rate", "summary_state_share",
             "rollout_seconds", "update_seconds"]
     if not history:
         return "(no steps run)"
@@ -113,7 +113,8 @@ def summary_table(history: list[dict], final: dict | None = None,
 
     def cell(d, k):
         v = d.get(k) if d else None
-        return f"{v:12.3f}" if isinstance(v, (int, float)) else f"{'-':>12s}"
+        ok = isinstance(v, (int, float)) and math.isfinite(v)   # nan: e.g. no state probe
+        return f"{v:12.3f}" if ok else f"{'-':>12s}"
     lines = [f"{'metric':28s}" + "".join(f" {name:>12s}" for name, _ in cols)]
     for k in keys:
         lines.append(f"{k:28s}" + "".join(f" {cell(d, k)}" for _, d in cols))

@@ -36,8 +36,11 @@ def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
     texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
     expert = expert_for(cfg.env.name) if has_expert(cfg.env.name) else None
     for task in make_tasks(cfg.env.name, "train", n, seed=10_000 + cfg.env.seed, **cfg.env.knobs):
-        env = make_env(cfg.env.name)
-        rs = env.reset(task)
+        try:
+            env = make_env(cfg.env.name)
+            rs = env.reset(task)
+        except Exception:   # noqa: BLE001  (its rollouts fail the same way)
+            continue
         texts += [rs.prompt, rs.system or "", json.dumps([t.schema() for t in rs.tools])]
         if expert is None:
             for tool in rs.tools:   # the answer tool last: it ends the episode
@@ -50,15 +53,19 @@ def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
                     pass
             continue
         msgs = [{"role": "user", "content": rs.prompt}]
-        for _ in range(12):
-            a = expert.act(msgs, False)
-            res = env.act(a)
-            texts.append(a)
-            if res.done:
-                break
-            texts.append(res.observation)
-            msgs += [{"role": "assistant", "content": a}, {"role": "tool", "content": res.observation}]
-        texts.append(expert.act(msgs, True))
+        try:   # an environment (or expert) that raises ends this task's texts, as its rollout
+            for _ in range(12):
+                a = expert.act(msgs, False)
+                texts.append(a)
+                res = env.act(a)
+                if res.done:
+                    break
+                texts.append(res.observation)
+                msgs += [{"role": "assistant", "content": a},
+                         {"role": "tool", "content": res.observation}]
+            texts.append(expert.act(msgs, True))
+        except Exception:   # noqa: BLE001
+            continue
     if cfg.sft.demos != "expert" and os.path.isfile(cfg.sft.demos):
         with open(cfg.sft.demos) as f:
             texts += [line for _, line in zip(range(256), f)]

@@ -76,10 +76,11 @@ def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) 
     return Segment(tuple(toks), tuple(mask), (0.0,) * len(toks))
 
 
-def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None) -> list[Segment]:
+def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
+                   max_len: int | None = None) -> list[Segment]:
     """One demonstration per line: {"messages": [...], "tools": [...]} ("tools" optional:
-    JSON-schema function dicts; default_tools where absent). A bad line fails naming its
-    number."""
+    JSON-schema function dicts; default_tools where absent). A bad line, or one longer than
+    a training row of `max_len` tokens, fails naming its number."""
     out = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -90,6 +91,12 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None) -> list[Segme
                 out.append(conversation_segment(fmt, d["messages"], d.get("tools", default_tools)))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
+            if max_len and len(out[-1].tokens) > max_len + 1:   # as build_batch counts
+                raise ValueError(
+                    f"{path}:{i}: a demonstration of {len(out[-1].tokens)} tokens, where a "
+                    f"training row holds {max_len + 1} under this context config: shorten it, "
+                    "split it into conversations that fit (as SUPO's rows restart from the "
+                    "prompt and a summary), or raise context.working_context")
     return out
 
 

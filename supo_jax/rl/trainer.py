@@ -80,7 +80,27 @@ def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None,
         actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
         out = run_rollouts(actor, lambda: make_env(cfg.env.name), mine, fmt, ctx, group_size=g,
                            rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress)
-    return exchange_rollouts(out) if multi else out
+    out = exchange_rollouts(out) if multi else out
+    report_env_errors(out)
+    return out
+
+
+_REPORTED_ERRORS: set = set()
+
+
+def report_env_errors(rollouts, log=print) -> None:
+    """One line for each kind of environment error (an exception or timeout in reset / step,
+    which fails only its rollout) the first time it occurs in this process; every step's
+    metrics count them as env_error_rate."""
+    failed = [r for r in rollouts if r.reason in ("env_error", "timeout")]
+    for r in failed:
+        msg = next((m["content"] for m in reversed(r.transcript) if m["role"] == "error"),
+                   r.reason)[:300]
+        if msg not in _REPORTED_ERRORS and is_main():
+            _REPORTED_ERRORS.add(msg)
+            log(f"environment error ({r.task_id}): {msg}; {len(failed)} of {len(rollouts)} "
+                "rollouts of this batch failed in the environment (env_error_rate in "
+                "metrics.jsonl counts them; this error is not printed again)")
 
 
 def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
@@ -113,7 +133,7 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
         from supo_jax.envs import make_env
         task = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed, **cfg.env.knobs)[0]
         tools = [t.schema() for t in make_env(cfg.env.name).reset(task).tools]
-        segs = jsonl_segments(fmt, s.demos, default_tools=tools)
+        segs = jsonl_segments(fmt, s.demos, default_tools=tools, max_len=max_len)
         demo_success, report = float("nan"), {"sft_demos_file": s.demos}
     bar = progress_bar(s.steps, "sft", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
