@@ -88,7 +88,13 @@ def _cmd_train(args) -> None:
     import jax
 
     cfg = _config(args)
-    out = train(cfg)
+    try:
+        out = train(cfg)
+    except KeyboardInterrupt:
+        ck = os.path.join(cfg.train.run_dir, "checkpoints")
+        steps = [int(d) for d in (os.listdir(ck) if os.path.isdir(ck) else []) if d.isdigit()]
+        raise KeyboardInterrupt(f"checkpoint step {max(steps)} of {cfg.train.steps}" if steps
+                                else "no checkpoint yet: a rerun starts the run over") from None
     if jax.process_index() > 0:   # process 0 reports and logs; the others state their losses
         print(f"process {jax.process_index()} of {jax.process_count()}: losses by step "
               f"{[h['loss'] for h in out['history']]}; logs and reports come from process 0")
@@ -298,9 +304,9 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, KeyError, IndexError, OSError) as e:
         print(f"supo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         hint = ("; rerun the same command to resume from the latest checkpoint"
-                if args.command in ("train", "sweep") else "")
+                if args.command in ("train", "sweep") else "") + (f" ({e})" if str(e) else "")
         print(f"supo-jax {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
     return 0

@@ -223,17 +223,29 @@ def test_bad_input_exits_2_without_traceback(argv, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"supo-jax {argv[0]}: error: "), r.stderr
 
 
-def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys):
+def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys, tmp_path):
     import supo_jax.cli as cli
+    from supo_jax.rl import trainer
 
-    def interrupted(args):
+    def interrupted(cfg):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "_cmd_train", interrupted)
-    capsys.readouterr()
-    assert cli.main(["train"]) == 130
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["supo-jax train: interrupted; rerun the same command to resume from the "
-                   "latest checkpoint"]
+    monkeypatch.setattr(trainer, "train", interrupted)
+    run = tmp_path / "run"
+    for name in ("checkpoints/1", "checkpoints/2", "checkpoints/3.orbax-checkpoint-tmp-9"):
+        os.makedirs(run / name)
+    hint = "supo-jax train: interrupted; rerun the same command to resume from the latest checkpoint"
+    for ckpt in (True, False):
+        capsys.readouterr()
+        assert cli.main(["train", "--config", CONFIG, "--set", f"train.run_dir={run}"]) == 130
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [hint + (" (checkpoint step 2 of 3)" if ckpt else
+                               " (no checkpoint yet: a rerun starts the run over)")], err
+        if ckpt:
+            import shutil
+            shutil.rmtree(run / "checkpoints")
+    monkeypatch.setattr(cli, "_cmd_sweep", lambda args: interrupted(None))
+    assert cli.main(["sweep"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [hint.replace("train", "sweep")]
 
 
 def test_progress_is_plain_lines_when_not_a_terminal(capsys):
@@ -257,6 +269,12 @@ def test_progress_is_plain_lines_when_not_a_terminal(capsys):
     n = len(out.getvalue())
     quiet.update(5)
     assert len(out.getvalue()) == n   # at most one line per `every` seconds
+    inner = metrics.LineProgress(4, "rollouts 2", every=3600.0, stream=out, closing_line=False)
+    inner.update(4)
+    inner.close()
+    assert len(out.getvalue()) == n   # a short inner bar (one step's rollouts) says nothing
+    quiet.close()
+    assert out.getvalue()[n:].startswith("sft: 5/10 (50%)")   # the outer one closes with a line
 
 
 def test_models_by_hub_id_from_the_cache_and_one_line_when_missing(tmp_path, monkeypatch, capsys):

@@ -155,11 +155,12 @@ def test_run_dir_of_a_different_model_is_refused(straight_run):
 
 def test_eval_cli_test_time_scaling_table(straight_run):
     d, _ = straight_run
-    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "eval", "--config", CONFIG,
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "eval",   # the run's own settings
                         "--set", f"train.run_dir={d}", "--max-summaries", "0,2"],
                        env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "step 4" in r.stdout   # the run's latest checkpoint was evaluated
+    assert "config.json (the run's settings)" in r.stdout
     with open(os.path.join(d, "eval_scaling.json")) as f:
         rows = json.load(f)
     assert [x["max_summaries"] for x in rows] == [0, 2]

@@ -17,10 +17,12 @@ class LineProgress:
     tqdm calls the trainer makes (update, set_postfix, close), printed at most every
     `every` seconds and once at the end."""
 
-    def __init__(self, total: int, desc: str, every: float = 30.0, stream=None):
+    def __init__(self, total: int, desc: str, every: float = 30.0, stream=None,
+                 closing_line: bool = True):
         self.total, self.desc, self.every = total, desc, every
         self.stream = stream or sys.stderr
-        self.n, self.postfix = 0, ""
+        self.n, self.postfix, self.lines = 0, "", 0
+        self.closing_line = closing_line   # False: a closing line only after periodic ones
         self.t0 = self.last = time.time()
 
     def update(self, n: int = 1) -> None:
@@ -32,21 +34,23 @@ class LineProgress:
         self.postfix = " ".join(f"{k}={v}" for k, v in kw.items())
 
     def _line(self) -> None:
-        self.last = time.time()
+        self.last, self.lines = time.time(), self.lines + 1
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         print(f"{self.desc}: {self.n}/{self.total}{pct} {self.last - self.t0:.0f}s {self.postfix}"
               .rstrip(), file=self.stream, flush=True)
 
     def close(self) -> None:
-        self._line()
+        if self.closing_line or self.lines:
+            self._line()
 
 
-def progress_bar(total, desc, enabled):
-    """A progress bar on a terminal or in a notebook, plain periodic lines otherwise."""
+def progress_bar(total, desc, enabled, closing_line: bool = True):
+    """A progress bar on a terminal or in a notebook, plain periodic lines otherwise (where a
+    bar without `closing_line`, e.g. one step's rollouts, prints only if it runs long)."""
     if not enabled or not is_main():
         return None
     if not sys.stderr.isatty() and "ipykernel" not in sys.modules:
-        return LineProgress(total, desc)
+        return LineProgress(total, desc, closing_line=closing_line)
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 

@@ -204,7 +204,11 @@ def train(cfg: C.Config) -> dict:
     # the loss's logprobs use the convention of the sampler that produced the old logprobs
     loss_cfg = dataclasses.replace(cfg.loss, temperature=cfg.rollout.temperature or 1.0)
     B, history = cfg.rollout.tasks_per_step, []
-    outer = progress_bar(cfg.train.steps - run.start, "train", cfg.train.progress)
+    if run.start >= cfg.train.steps and is_main():
+        print(f"{cfg.train.run_dir} is at step {run.start} of train.steps={cfg.train.steps}: "
+              "no steps to run; evaluating its policy (raise train.steps to train on)")
+    outer = (progress_bar(cfg.train.steps - run.start, "train", cfg.train.progress)
+             if run.start < cfg.train.steps else None)
     for step in range(run.start, cfg.train.steps):
         pos = (step * B) % len(train_tasks)
         tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
@@ -324,7 +328,7 @@ def step_rollouts(run: Run, step: int, tasks, pool=()) -> tuple[list, list, dict
             tasks = [pool[int(i)] for i in pick]
         bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size,
                            f"rollouts {step + 1}" + (f" round {rounds + 1}" if rounds else ""),
-                           cfg.train.progress)
+                           cfg.train.progress, closing_line=False)
         got = rollout_batch(run.policy, run.fmt, cfg, tasks,
                             seed=hash_seed(seed, rounds) if rounds else seed,
                             progress=bar.update if bar else None)
