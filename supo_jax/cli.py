@@ -177,7 +177,7 @@ def _cmd_sft(args) -> None:
     out = os.path.join(cfg.train.run_dir, "sft")
     policy.save_pretrained(out)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                   for k, v in report.items()))
+                   for k, v in report.items() if v == v))   # nan: no figure (JSONL demos)
     print(f"saved {out} (use it with --set train.init_from={out})")
 
 

@@ -145,18 +145,31 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
         jsonl_segments(fmt, str(p))
     p.write_text(json.dumps(demo) + "\n")
     tools = [{"type": "function", "function": {"name": "inc", "description": "add one",
-                                                "parameters": {}}}]
+                                                "parameters": {}}},
+             {"type": "function", "function": {"name": "finish", "parameters": {}}}]
     [seg] = jsonl_segments(fmt, str(p), default_tools=tools)
     trained = fmt.decode([t for t, m in zip(seg.tokens, seg.mask) if m])
     assert '"name": "inc"' in trained and '"answer": 1' in trained and "count=1" not in trained
     assert len(jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 1)) == 1   # fits a row
+    bad = [({"conversations": demo["messages"]}, r'"messages" list expected, got keys '
+                                                   r"\['conversations'\]"),
+           ({"messages": [demo["messages"][0], {"role": "assistant", "tool_calls": [
+               {"function": {"name": "inc", "arguments": '{"n": 1'}}]}]},
+            r"tool call 'inc': its arguments string is not JSON"),
+           ({"messages": [demo["messages"][0], {"role": "assistant", "tool_calls": [
+               {"function": {"name": "look", "arguments": {}}}]}]},
+            r"a tool call to 'look', not one of the tools \(finish, inc\)")]
+    for d, err in bad:
+        p.write_text(json.dumps(demo) + "\n" + json.dumps(d) + "\n")
+        with pytest.raises(ValueError, match=r"demos.jsonl:2: bad demonstration \(.*" + err):
+            jsonl_segments(fmt, str(p), tools)
+    p.write_text(json.dumps(demo) + "\n")
     with pytest.raises(ValueError, match=rf"demos.jsonl:1: a demonstration of {len(seg)} tokens"
                                          rf", where a training row holds {len(seg) - 1} .*"
                                          "context.working_context"):
         jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 2)
     assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
-    assert seg == conversation_segment(fmt, demo["messages"], [{"type": "function", "function": {
-        "name": "inc", "description": "add one", "parameters": {}}}])
+    assert seg == conversation_segment(fmt, demo["messages"], tools)
     with pytest.raises(ConfigError, match="sft.demos='nope.jsonl': no such file"):
         apply_overrides(Config(), ["sft.demos=nope.jsonl"])
 

@@ -10,7 +10,9 @@ directory, .gguf or Hub id works as model.path), held in float32 and computed in
 GPU / TPU (float32 on a CPU). The task defaults to the reproduction's `fncall/count` (rows of
 5-9 items whose length is hidden) at W = 512, S = 3: with SmolLM2's tokenizer the scripted
 expert solves 100% of 64 tasks under SUPO and 17% under `full` there. What differs from the tiny recipe, and
-why: no SFT (an instruct model already follows the tool-call format), a learning rate for
+why: no SFT (for an instruct model that already follows the tool-call format; SmolLM2-135M
+mostly does not: on fncall/listing it writes Python instead of a tool call, 0 of 8 solved, so
+there warm-start it first with `supo-jax sft` as the README shows), a learning rate for
 pretrained weights (1e-6, AdamW), 8 samples per task at temperature 1.0 (a pretrained policy's
 first rewards are rare), and a small KL penalty to the starting policy (loss.kl_coef; on the
 tiny policy it kept count at 26.6 -> 23.4% where the default fell to 12.5%). Its learning

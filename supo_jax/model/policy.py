@@ -212,7 +212,9 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
         source = safetensors_source(path)
         tok = load_tokenizer(path) if tokenizer and _has_tokenizer(path) else None
     else:
-        raise FileNotFoundError(f"model path {path!r} is neither a model directory nor a .gguf file")
+        what = "is not a directory or a .gguf file" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(f"model path {path!r} {what} (a model is an HF directory, a "
+                                ".gguf file or a Hugging Face Hub id)")
     abstract = nnx.eval_shape(lambda: Decoder(cfg, param_dtype=pdt, dtype=cdt, rngs=nnx.Rngs(0),
                                               **options))
     graphdef, state = nnx.split(abstract)

@@ -105,14 +105,15 @@ def summarize_scalars(rollouts) -> dict:
 def summary_table(history: list[dict], final: dict | None = None,
                   before: dict | None = None) -> str:
     """A terminal table: the eval before training, the first / last step, the final eval."""
-    keys = ["success_rate", "reward_mean", "loss", "p_summary", "summaries_mean", "tool_calls_mean",
+    keys = ["success_rate", "reward_mean", "loss", "updates", "p_summary", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "working_context_max", "effective_context_mean",
             "overlong_rate", "env_error_rate", "summary_state_share",
             "rollout_seconds", "update_seconds"]
     if not history:
         return "(no steps run)"
+    steps = [history[0]] + history[1:][-1:]     # the first and the last (one if the same)
     cols = ([("eval before", before)] if before else []) + [
-        (f"step {history[0]['step']}", history[0]), (f"step {history[-1]['step']}", history[-1])
+        (f"step {h['step']}", h) for h in steps
     ] + ([("eval after" if before else "eval", final)] if final else [])
 
     def cell(d, k):

@@ -42,7 +42,11 @@ def assistant_text(message: dict) -> str:
         fn = call.get("function", call)
         args = fn.get("arguments", {})
         if isinstance(args, str):
-            args = json.loads(args) if args.strip() else {}
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise ValueError(f"tool call {fn.get('name')!r}: its arguments string is not "
+                                 f"JSON ({e})") from None
         if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
             raise ValueError(f"a tool call needs a name and an arguments object: {call!r}"[:200])
         text = (text + "\n" if text else "") + format_tool_call(fn["name"], args)
@@ -76,6 +80,17 @@ def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) 
     return Segment(tuple(toks), tuple(mask), (0.0,) * len(toks))
 
 
+def _check_tool_names(messages, tools) -> None:
+    """Every assistant tool call names one of `tools` (when any are given)."""
+    names = {(t.get("function") or t).get("name") for t in tools or () if isinstance(t, dict)}
+    for m in messages:
+        for call in (m.get("tool_calls") or ()) if m.get("role") == "assistant" else ():
+            name = (call.get("function") or call).get("name")
+            if names and name not in names:
+                raise ValueError(f"a tool call to {name!r}, not one of the tools "
+                                 f"({', '.join(sorted(map(str, names)))})")
+
+
 def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
                    max_len: int | None = None) -> list[Segment]:
     """One demonstration per line: {"messages": [...], "tools": [...]} ("tools" optional:
@@ -88,8 +103,14 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
                 continue
             try:
                 d = json.loads(line)
-                out.append(conversation_segment(fmt, d["messages"], d.get("tools", default_tools)))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                if not isinstance(d, dict) or not isinstance(d.get("messages"), list):
+                    raise ValueError('a JSON object with a "messages" list expected, got '
+                                     + (f"keys {sorted(d)}" if isinstance(d, dict)
+                                        else type(d).__name__))
+                tools = d.get("tools", default_tools)
+                _check_tool_names(d["messages"], tools)
+                out.append(conversation_segment(fmt, d["messages"], tools))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
             if max_len and len(out[-1].tokens) > max_len + 1:   # as build_batch counts
                 raise ValueError(
