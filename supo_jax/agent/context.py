@@ -46,6 +46,7 @@ from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
 REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout")
+ENV_FAILURES = ("env_error", "timeout")   # reasons where the environment failed the rollout
 NO_ANSWER = REASONS[1:]   # the rollout ended without an answer (overlong masking masks these)
 
 

@@ -364,7 +364,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
                                      default=0),
         "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
         "overlong_rate": sum(not r.answered for r in rollouts) / n,
-        "env_error_rate": sum(r.reason in ("env_error", "timeout") for r in rollouts) / n,
+        "env_error_rate": sum(r.reason in C.ENV_FAILURES for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
         "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
         "reasons": {k: sum(r.reason == k for r in rollouts) for k in C.REASONS

@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from supo_jax import config as C
+from supo_jax.agent.context import ENV_FAILURES
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import PolicyActor, run_rollouts, summarize
 from supo_jax.checkpoint import RunCheckpoints
@@ -92,7 +93,7 @@ def report_env_errors(rollouts, log=print) -> None:
     """One line for each kind of environment error (an exception or timeout in reset / step,
     which fails only its rollout) the first time it occurs in this process; every step's
     metrics count them as env_error_rate."""
-    failed = [r for r in rollouts if r.reason in ("env_error", "timeout")]
+    failed = [r for r in rollouts if r.reason in ENV_FAILURES]
     for r in failed:
         msg = next((m["content"] for m in reversed(r.transcript) if m["role"] == "error"),
                    r.reason)[:300]
