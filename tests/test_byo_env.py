@@ -15,7 +15,8 @@ from supo_jax.config import Config, ConfigError, apply_overrides, load_config
 from supo_jax.envs import make_env, make_tasks
 from supo_jax.envs import experts as E
 from supo_jax.model.tiny import tiny_tokenizer
-from supo_jax.rl.sft import assistant_text, conversation_segment, jsonl_segments
+from supo_jax.rl.sft import assistant_text, conversation_segments, jsonl_segments
+from supo_jax.text.parsing import extract_summary
 
 from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_env
 
@@ -55,6 +56,16 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir)
                        cwd=cards_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"success_rate\s+1\.0", r.stdout)
+    # its output, as sft.demos, gives the rows the rollouts trained on (summaries included)
+    from supo_jax.agent.rollout import Rollout
+    from supo_jax.rl.runs import env_tokenizer
+    cfg = load_config(None, ['env.imports=["my_envs.cards"]', "env.name=cards"])
+    fmt = ChatFormat(env_tokenizer(cfg))
+    recs = [Rollout.from_json(json.loads(line)) for line in out.read_text().splitlines()]
+    assert sum(x.counters["summaries"] for x in recs) >= 2
+    tools = [t.schema() for t in make_env("cards").reset(make_tasks("cards", "train", 1)[0]).tools]
+    assert jsonl_segments(fmt, str(out), tools, ctx=cfg.context) == [
+        s for x in recs for s in x.segments]
     # the README's scripted-expert figure under `full` is what its command prints
     said = re.search(r"`(supo-jax rollout --env cards [^`]*--context full[^`]*)` prints "
                      r"`success_rate ([\d.]+)`", " ".join(README.split()))
@@ -164,12 +175,12 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
         with pytest.raises(ValueError, match=r"demos.jsonl:2: bad demonstration \(.*" + err):
             jsonl_segments(fmt, str(p), tools)
     p.write_text(json.dumps(demo) + "\n")
-    with pytest.raises(ValueError, match=rf"demos.jsonl:1: a demonstration of {len(seg)} tokens"
+    with pytest.raises(ValueError, match=rf"demos.jsonl:1: a demonstration, {len(seg)} tokens"
                                          rf", where a training row holds {len(seg) - 1} .*"
                                          "context.working_context"):
         jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 2)
     assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
-    assert seg == conversation_segment(fmt, demo["messages"], tools)
+    assert [seg] == conversation_segments(fmt, demo["messages"], tools)
     with pytest.raises(ConfigError, match="sft.demos='nope.jsonl': no such file"):
         apply_overrides(Config(), ["sft.demos=nope.jsonl"])
 
@@ -250,3 +261,38 @@ def test_an_environment_that_raises_fails_its_rollouts_not_the_command(cards_dir
     assert len(lines) == 2, lines
     assert any("OSError('no deck today')" in x for x in lines)
     assert any("RuntimeError('card 1 exploded')" in x for x in lines)
+
+
+def test_summary_turns_split_a_demonstration_as_supo_splits_a_rollout(tmp_path):
+    """A rollout's transcript (as `supo-jax rollout --out` writes it) and the same conversation
+    written by hand with summary turns give exactly the rows SUPO trained on."""
+    fmt = ChatFormat(tiny_tokenizer(template="compact"))
+    ctx = ContextConfig("supo", 700, max_summaries=8, max_steps=60, max_action_tokens=60,
+                        max_summary_tokens=60, max_observation_tokens=40)
+    tasks = make_tasks("fncall/count", "train", 6, size=[7, 9])
+    ro = run_rollouts(ScriptedActor(E.expert_for("fncall/count"), fmt),
+                      lambda: make_env("fncall/count"), tasks, fmt, ctx)
+    won = [r for r in ro if r.reward > 0]
+    assert len(won) >= 4 and all(r.counters["summaries"] >= 1 for r in won)
+    assert any(m.get("dropped") for r in won for m in r.transcript)
+    tools = [t.schema() for t in make_env("fncall/count").reset(tasks[0]).tools]
+    p = tmp_path / "rollouts.jsonl"
+    p.write_text("".join(json.dumps(r.to_json()) + "\n" for r in ro))
+    assert jsonl_segments(fmt, str(p), tools, ctx=ctx) == [s for r in won for s in r.segments]
+    # by hand: no summary instruction, no continuation, no tags, the dropped pair left out
+    r = max(won, key=lambda r: r.counters["summaries"])
+    by_hand = [dict(m, content=extract_summary(m["content"])) if m.get("summary") else m
+               for m in r.transcript if not (m.get("dropped") or m.get("continuation")
+                                             or m["content"] == ctx.summary_instruction)]
+    assert len(by_hand) < len(r.transcript) - 2 * r.counters["summaries"]
+    assert conversation_segments(fmt, by_hand, tools, ctx) == r.segments
+    # a row too long names itself; a summary turn with tool calls is an error
+    p.write_text(json.dumps({"messages": by_hand, "tools": tools}) + "\n")
+    longest = max(len(s.tokens) for s in r.segments)
+    with pytest.raises(ValueError, match=rf"rollouts.jsonl:1: row \d+ of {len(r.segments)} of a "
+                                         rf"demonstration, {longest} tokens.*summary turns"):
+        jsonl_segments(fmt, str(p), max_len=longest - 2, ctx=ctx)
+    bad = by_hand[:2] + [{"role": "assistant", "summary": True, "content": "x",
+                          "tool_calls": [{"function": {"name": "finish", "arguments": {}}}]}]
+    with pytest.raises(ValueError, match="a summary turn cannot make tool calls"):
+        conversation_segments(fmt, bad, tools, ctx)

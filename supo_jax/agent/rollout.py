@@ -284,8 +284,12 @@ class _Driver:
                                                          self.cfg.max_observation_tokens)
             if obs is not None:
                 r.transcript.append({"role": "tool", "content": obs})
+            n = len(r.state.tokens)
             r.state = C.after_action(self.cfg, self.fmt, r.state, turn, obs, res.done, res.reward,
                                      tool_call="error" not in (res.info or {}))
+            if r.state.phase == "summarize" and len(r.state.tokens) == n:
+                for m in r.transcript[-2:]:   # the pair reached L and left the context
+                    m["dropped"] = True
 
     def step(self) -> None:
         """One round: start rows, generate, run the actions' tool calls in parallel while the

@@ -68,8 +68,23 @@ def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
             continue
     if cfg.sft.demos != "expert" and os.path.isfile(cfg.sft.demos):
         with open(cfg.sft.demos) as f:
-            texts += [line for _, line in zip(range(256), f)]
+            texts += [_demo_text(line) for _, line in zip(range(256), f)]
     return texts
+
+
+def _demo_text(line: str) -> str:
+    """A JSONL demonstration's messages as text (a rollout record: its transcript, not its
+    token ids); the line itself when it is not one (sft reports the error)."""
+    from supo_jax.rl.sft import assistant_text
+
+    try:
+        d = json.loads(line)
+        msgs = d.get("messages", d.get("transcript"))
+        return "\n".join([assistant_text(m) if m.get("role") == "assistant" else
+                          str(m.get("content") or "") for m in msgs]
+                         + [json.dumps(d.get("tools") or [])])
+    except (ValueError, AttributeError, TypeError):
+        return line
 
 
 def env_tokenizer(cfg: C.Config, out_dir: str | None = None):

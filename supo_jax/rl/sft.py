@@ -53,31 +53,67 @@ def assistant_text(message: dict) -> str:
     return text
 
 
-def conversation_segment(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> Segment:
-    """One segment from a chat (the OpenAI / transformers messages format): the prompt up to
-    the first assistant turn, then turns. Assistant turns (content and tool_calls) are trained
-    (plus their end-of-turn token); everything else is context."""
+def conversation_segments(fmt: ChatFormat, messages: Sequence[dict], tools=None,
+                          ctx: ContextConfig | None = None) -> list[Segment]:
+    """A chat (the OpenAI / transformers messages format) as SUPO's training rows: the prompt up
+    to the first assistant turn, then turns; assistant turns (content and tool_calls, plus their
+    end-of-turn token) are trained, everything else is context.
+
+    Summary turns split it as SUPO splits a rollout: an assistant message marked
+    `"summary": true` closes the row (after ctx.summary_instruction as a user turn, unless the
+    message before it is that turn; <summary> tags are added when its content has none), and the
+    next row starts from the prompt and ctx.continuation holding the summary. Rollout
+    transcripts carry the same marks: a user message marked `"continuation": true` is rebuilt
+    from ctx, and messages marked `"dropped": true` (the action and observation SUPO cut from
+    the context when they reached L) are left out."""
+    from supo_jax.text.parsing import extract_summary
+
+    ctx = ctx or ContextConfig()
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
         raise ValueError("a demonstration needs a prompt followed by at least one assistant turn")
-    toks = list(fmt.prompt(list(messages[:first]), tools))
-    mask = [0] * len(toks)
-    prev, last_action = "user", ()
+    prompt_text = next((m["content"] for m in reversed(messages[:first]) if m["role"] == "user"),
+                       None)
+    if not isinstance(prompt_text, str):
+        raise ValueError("a demonstration's prompt needs a user message")
+    prefix = list(fmt.prompt(list(messages[:first]), tools))
+    segments, toks, mask = [], list(prefix), [0] * len(prefix)
+    prev, prev_text, last_action = "user", None, ()
+
+    def add(ids, bit):
+        toks.extend(ids)
+        mask.extend([bit] * len(ids))
+
     for m in messages[first:]:
-        if m["role"] == "assistant":
-            ids = list(fmt.gen_prompt)
-            toks += ids
-            mask += [0] * len(ids)
-            action = fmt.encode(assistant_text(m)) + [fmt.stop_id]
-            toks += action
-            mask += [1] * len(action)
-            last_action = tuple(action)
+        if m.get("dropped") or m.get("continuation"):
+            continue
+        if m["role"] != "assistant":
+            add(fmt.turn(prev, m["role"], m["content"], last_action), 0)
+            prev, prev_text = m["role"], m["content"]
+            continue
+        if m.get("summary"):
+            if m.get("tool_calls"):
+                raise ValueError("a summary turn cannot make tool calls")
+            text = m.get("content") or ""
+            if extract_summary(text) is None:
+                text = f"<summary>{text.strip()}</summary>"
+            if not (prev == "user" and prev_text == ctx.summary_instruction):
+                add(fmt.turn(prev, "user", ctx.summary_instruction, last_action), 0)
         else:
-            ids = fmt.turn(prev, m["role"], m["content"], last_action)
-            toks += ids
-            mask += [0] * len(ids)
-        prev = m["role"]
-    return Segment(tuple(toks), tuple(mask), (0.0,) * len(toks))
+            text = assistant_text(m)
+        add(fmt.gen_prompt, 0)
+        last_action = tuple(fmt.encode(text)) + (fmt.stop_id,)
+        add(last_action, 1)
+        prev, prev_text = "assistant", text
+        if m.get("summary"):   # the row ends; the next restarts from the prompt + summary
+            segments.append(Segment(tuple(toks), tuple(mask), (0.0,) * len(toks)))
+            cont = ctx.continuation.format(prompt=prompt_text, summary=extract_summary(text))
+            toks, mask = list(prefix), [0] * len(prefix)
+            add(fmt.turn("user", "user", cont), 0)
+            prev, prev_text, last_action = "user", cont, ()
+    if any(mask):
+        segments.append(Segment(tuple(toks), tuple(mask), (0.0,) * len(toks)))
+    return segments
 
 
 def _check_tool_names(messages, tools) -> None:
@@ -92,10 +128,12 @@ def _check_tool_names(messages, tools) -> None:
 
 
 def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
-                   max_len: int | None = None) -> list[Segment]:
+                   max_len: int | None = None, ctx: ContextConfig | None = None) -> list[Segment]:
     """One demonstration per line: {"messages": [...], "tools": [...]} ("tools" optional:
-    JSON-schema function dicts; default_tools where absent). A bad line, or one longer than
-    a training row of `max_len` tokens, fails naming its number."""
+    JSON-schema function dicts; default_tools where absent), split at its summary turns
+    (conversation_segments), or a rollout record as `supo-jax rollout --out` writes it (its
+    transcript, when its reward is positive). A bad line, or a row longer than `max_len`
+    tokens, fails naming its number."""
     out = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -103,21 +141,30 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
                 continue
             try:
                 d = json.loads(line)
+                if isinstance(d, dict) and "messages" not in d and "transcript" in d:
+                    if not d.get("reward", 0) > 0:   # a rollout that failed: not a demonstration
+                        continue
+                    d = {"messages": d["transcript"]}
                 if not isinstance(d, dict) or not isinstance(d.get("messages"), list):
                     raise ValueError('a JSON object with a "messages" list expected, got '
                                      + (f"keys {sorted(d)}" if isinstance(d, dict)
                                         else type(d).__name__))
                 tools = d.get("tools", default_tools)
                 _check_tool_names(d["messages"], tools)
-                out.append(conversation_segment(fmt, d["messages"], tools))
+                segs = conversation_segments(fmt, d["messages"], tools, ctx)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
-            if max_len and len(out[-1].tokens) > max_len + 1:   # as build_batch counts
-                raise ValueError(
-                    f"{path}:{i}: a demonstration of {len(out[-1].tokens)} tokens, where a "
-                    f"training row holds {max_len + 1} under this context config: shorten it, "
-                    "split it into conversations that fit (as SUPO's rows restart from the "
-                    "prompt and a summary), or raise context.working_context")
+            for k, seg in enumerate(segs):
+                if max_len and len(seg.tokens) > max_len + 1:   # as build_batch counts
+                    what = (f"row {k + 1} of {len(segs)} of a demonstration" if len(segs) > 1
+                            else "a demonstration")
+                    raise ValueError(
+                        f"{path}:{i}: {what}, {len(seg.tokens)} tokens, where "
+                        f"a training row holds {max_len + 1} under this context config: shorten "
+                        'it, split it with summary turns ({"role": "assistant", "summary": true, '
+                        '"content": ...}: README, "Adding an environment"), or raise '
+                        "context.working_context")
+            out += segs
     return out
 
 

@@ -134,7 +134,8 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
         from supo_jax.envs import make_env
         task = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed, **cfg.env.knobs)[0]
         tools = [t.schema() for t in make_env(cfg.env.name).reset(task).tools]
-        segs = jsonl_segments(fmt, s.demos, default_tools=tools, max_len=max_len)
+        segs = jsonl_segments(fmt, s.demos, default_tools=tools, max_len=max_len,
+                              ctx=cfg.context)
         demo_success, report = float("nan"), {"sft_demos_file": s.demos}
     bar = progress_bar(s.steps, "sft", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
