@@ -201,11 +201,13 @@ def table_markdown(rows: Sequence[dict]) -> str:
 
 
 def read_metrics(run_dir: str) -> list[dict]:
+    from supo_jax.rl.metrics import load_row
+
     p = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(p):
         return []
     with open(p) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [load_row(line) for line in f if line.strip()]
 
 
 def curves(run_dirs: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,5 +1,6 @@
 """Trainer runs: exact resume after kill -9, corrupt checkpoints, metrics, config errors."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -91,6 +92,26 @@ def test_metrics_jsonl_and_tensorboard(straight_run):
     with open(os.path.join(d, "config.json")) as f:
         assert json.load(f)["train"]["steps"] == 4
     assert os.path.isfile(os.path.join(d, "hf", "model.safetensors"))
+
+
+def test_metrics_rows_are_strict_json_and_read_back(tmp_path):
+    """A metric without a value (nan) is written as null, so strict JSON parsers read the file;
+    a resume and the sweep's reader give nan back."""
+    from supo_jax.rl.metrics import MetricsLog
+    from supo_jax.sweep import read_metrics
+
+    log = MetricsLog(str(tmp_path), resume_step=0)
+    log.write({"step": 0, "eval/success_rate": 0.5})
+    log.write({"step": 1, "loss": 0.1, "summary_state_share": float("nan")})
+    log.close()
+
+    def strict(c):
+        raise ValueError(f"not JSON: {c}")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[1], parse_constant=strict)["summary_state_share"] is None
+    assert math.isnan(read_metrics(str(tmp_path))[1]["summary_state_share"])
+    kept = MetricsLog(str(tmp_path), resume_step=1).kept
+    assert kept[0] == {"step": 0, "eval/success_rate": 0.5} and math.isnan(kept[1]["summary_state_share"])
 
 
 def test_kill_9_and_rerun_resumes_exactly(straight_run, tmp_path):

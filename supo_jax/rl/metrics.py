@@ -55,6 +55,18 @@ def progress_bar(total, desc, enabled, closing_line: bool = True):
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
+def dump_row(row: dict) -> str:
+    """A metrics row as strict JSON: a metric without a value (nan: e.g. no summaries to
+    measure) is null."""
+    return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                       for k, v in row.items()}, allow_nan=False)
+
+
+def load_row(line: str) -> dict:
+    """A metrics.jsonl row, null metrics as nan again."""
+    return {k: float("nan") if v is None else v for k, v in json.loads(line).items()}
+
+
 class MetricsLog:
     """metrics.jsonl (one object per step) + TensorBoard event files, process 0 only."""
 
@@ -70,7 +82,7 @@ class MetricsLog:
                 kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
         with open(self.path, "w") as f:
             f.writelines(kept)
-        self.kept = [json.loads(ln) for ln in kept]
+        self.kept = [load_row(ln) for ln in kept]
         try:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
@@ -81,7 +93,7 @@ class MetricsLog:
         if not is_main():
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dump_row(row) + "\n")
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
