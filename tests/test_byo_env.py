@@ -296,3 +296,39 @@ def test_summary_turns_split_a_demonstration_as_supo_splits_a_rollout(tmp_path):
                           "tool_calls": [{"function": {"name": "finish", "arguments": {}}}]}]
     with pytest.raises(ValueError, match="a summary turn cannot make tool calls"):
         conversation_segments(fmt, bad, tools, ctx)
+
+
+def test_an_environment_probe_gives_summary_state_share(cards_dir):
+    """README: an environment's optional probe(summary) feeds summary_state_share (nan
+    without one)."""
+    from supo_jax.agent.rollout import summarize
+    from supo_jax.envs.base import register_env
+
+    apply_overrides(Config(), ['env.imports=["my_envs.cards"]', "env.name=cards"])
+    from my_envs.cards import Cards, CardsExpert, tasks
+
+    class Probed(Cards):
+        def reset(self, task):
+            self.read = 0
+            return super().reset(task)
+
+        def step(self, name, args):
+            if name == "read":
+                self.read = max(self.read, args["i"] + 1)
+            return super().step(name, args)
+
+        def probe(self, summary):   # the next card, before or after the last read
+            return any(f'"next": {n},' in summary for n in (self.read - 1, self.read))
+
+    register_env("cards_probed", tasks=tasks)(Probed)
+    E.register_expert("cards_probed", CardsExpert)
+    fmt = ChatFormat(tiny_tokenizer(template="compact"))
+    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+                        max_summary_tokens=60, max_observation_tokens=16)
+    out = {}
+    for name in ("cards", "cards_probed"):
+        ro = run_rollouts(ScriptedActor(E.expert_for(name), fmt), lambda: make_env(name),
+                          make_tasks(name, "train", 8), fmt, ctx)
+        assert sum(r.counters["summaries"] for r in ro) >= 4
+        out[name] = summarize(ro)["summary_state_share"]
+    assert out["cards"] != out["cards"] and out["cards_probed"] == 1.0
