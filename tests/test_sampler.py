@@ -276,7 +276,7 @@ def test_same_seed_same_samples_and_seed_matters(policy):
 def test_per_row_stops_and_budgets(policy):
     rs = np.random.RandomState(4)
     prompts = [_ids(rs, 5), _ids(rs, 8)]
-    free = generate(policy, prompts, 12)
+    free = generate(policy, prompts, 12, stop_tokens=())
     stop0 = free[0].tokens[3]
     s = Sampler(policy, batch=2, max_len=64)
     s.append({0: prompts[0], 1: prompts[1]})
@@ -284,6 +284,26 @@ def test_per_row_stops_and_budgets(policy):
     k = free[0].tokens.index(stop0)
     assert out[0].tokens == free[0].tokens[:k + 1]      # stop token included
     assert out[1].tokens == free[1].tokens[:5]          # per-row budget
+
+
+def test_generate_stops_at_the_models_end_of_sequence_by_default(policy, monkeypatch):
+    import dataclasses
+    import types
+
+    p = _ids(np.random.RandomState(4), 5)
+    free = generate(policy, [p], 12, stop_tokens=())[0].tokens
+    assert len(free) == 12
+    for owner, eos in (("config", free[3]), ("tokenizer", free[5])):
+        k = free.index(eos)
+        if owner == "config":
+            monkeypatch.setattr(policy.model, "cfg",
+                                dataclasses.replace(policy.config, eos_token_ids=(eos,)))
+        else:
+            monkeypatch.setattr(policy.model, "cfg",
+                                dataclasses.replace(policy.config, eos_token_ids=()))
+            monkeypatch.setattr(policy, "tokenizer", types.SimpleNamespace(eos_token_id=eos))
+        assert generate(policy, [p], 12)[0].tokens == free[:k + 1]     # the eos included
+        assert generate(policy, [p], 12, stop_tokens=())[0].tokens == free
 
 
 def test_bad_input_is_a_clear_error(policy):

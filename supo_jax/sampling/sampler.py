@@ -386,11 +386,17 @@ class Sampler:
 
 
 def generate(policy: Policy, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *,
-             sampling: SamplingParams = SamplingParams(temperature=0.0), stop_tokens=(),
+             sampling: SamplingParams = SamplingParams(temperature=0.0), stop_tokens=None,
              seed: int = 0, max_len: int | None = None) -> list[Generation]:
-    """One-shot batched generation for ragged prompts (token id lists)."""
+    """One-shot batched generation for ragged prompts (token id lists). A generation ends at a
+    stop token (included) or after max_new_tokens; stop_tokens=None stops at the model's
+    end-of-sequence ids (its config's eos_token_id and its tokenizer's eos token), () never."""
     if not prompts:
         return []
+    if stop_tokens is None:
+        stop_tokens = set(policy.config.eos_token_ids)
+        if policy.tokenizer is not None and policy.tokenizer.eos_token_id is not None:
+            stop_tokens.add(int(policy.tokenizer.eos_token_id))
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
