@@ -17,8 +17,8 @@ def _cmd_generate(args) -> None:
         raise ValueError(f"{args.model} has no tokenizer files; cannot render a prompt")
     ids = tok.apply_chat_template([{"role": "user", "content": args.prompt}],
                                   add_generation_prompt=True, tokenize=True, return_dict=False)
-    stops = set(policy.config.eos_token_ids) | {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>",)
-                                               if t in tok.get_vocab()}
+    stops = policy.eos_ids | {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>",)
+                              if t in tok.get_vocab()}
     sampler = Sampler(policy, batch=1, max_len=len(ids) + args.max_new_tokens)
     sampler.append({0: ids})
     out = sampler.generate([0], args.max_new_tokens, stops,

@@ -54,6 +54,14 @@ class Policy:
     def config(self) -> ModelConfig:
         return self.model.cfg
 
+    @property
+    def eos_ids(self) -> set[int]:
+        """End-of-sequence ids: the config's eos_token_id and the tokenizer's eos token."""
+        ids = set(self.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
     def split(self):
         """(graphdef, params state) for pure jitted functions."""
         return nnx.split(self.model)

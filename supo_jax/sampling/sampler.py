@@ -394,9 +394,7 @@ def generate(policy: Policy, prompts: Sequence[Sequence[int]], max_new_tokens: i
     if not prompts:
         return []
     if stop_tokens is None:
-        stop_tokens = set(policy.config.eos_token_ids)
-        if policy.tokenizer is not None and policy.tokenizer.eos_token_id is not None:
-            stop_tokens.add(int(policy.tokenizer.eos_token_id))
+        stop_tokens = policy.eos_ids
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
