@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -217,13 +218,15 @@ def _cmd_rollout(args) -> None:
         fmt = ChatFormat(policy.tokenizer)
         check_prompt_fits(cfg, fmt, args.split)
         ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
-    write_jsonl(ro, args.out)
     s = summarize(ro)
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
               "working_context_mean", "working_context_max", "effective_context_mean",
               "summary_state_share", "reasons"):
-        print(f"{k:24s} {s[k]}")
-    print(f"wrote {args.out}")
+        v = s[k]
+        print(f"{k:24s} {'-' if isinstance(v, float) and math.isnan(v) else v}")
+    if args.out:
+        write_jsonl(ro, args.out)
+        print(f"wrote {args.out}")
 
 
 def _cmd_sweep(args) -> None:
@@ -287,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE")
     r.add_argument("--num", type=int, default=8)
     r.add_argument("--split", default="eval")
-    r.add_argument("--out", default="rollouts.jsonl")
+    r.add_argument("--out", default=None, help="write the rollouts (JSONL: transcripts, "
+                   "segments; usable as sft.demos) to this file")
     r.set_defaults(fn=_cmd_rollout)
     return p
 

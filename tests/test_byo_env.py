@@ -74,6 +74,8 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir)
                        env=user_shell_env(), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == said.group(2)
+    assert re.search(r"^summary_state_share\s+-$", r.stdout, re.M)   # no probe: no figure
+    assert sorted(p.name for p in cards_dir.iterdir()) == ["my_envs", "r.jsonl"]   # no --out
 
 
 def test_knobs_belong_to_their_environment():
@@ -157,7 +159,9 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
     p.write_text(json.dumps(demo) + "\n")
     tools = [{"type": "function", "function": {"name": "inc", "description": "add one",
                                                 "parameters": {}}},
-             {"type": "function", "function": {"name": "finish", "parameters": {}}}]
+             {"type": "function", "function": {"name": "finish", "parameters": {
+                 "type": "object", "properties": {"answer": {"type": "integer"}},
+                 "required": ["answer"]}}}]
     [seg] = jsonl_segments(fmt, str(p), default_tools=tools)
     trained = fmt.decode([t for t, m in zip(seg.tokens, seg.mask) if m])
     assert '"name": "inc"' in trained and '"answer": 1' in trained and "count=1" not in trained
@@ -169,14 +173,23 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
             r"tool call 'inc': its arguments string is not JSON"),
            ({"messages": [demo["messages"][0], {"role": "assistant", "tool_calls": [
                {"function": {"name": "look", "arguments": {}}}]}]},
-            r"a tool call to 'look', not one of the tools \(finish, inc\)")]
+            r"a tool call the rollout loop would reject: unknown tool .look.; valid tools: "
+            r"finish, inc"),
+           ({"messages": [demo["messages"][0], {"role": "assistant", "tool_calls": [
+               {"function": {"name": "finish", "arguments": {"answr": 1}}}]}]},
+            r"missing required argument .answer. for finish"),
+           ({"messages": [demo["messages"][0], {"role": "function", "content": "x"}]},
+            r"a message of role 'function': roles are system, user, assistant, tool"),
+           ({"messages": [demo["messages"][0], {"role": "assistant", "summary": True,
+                                                "content": "State: 0."}]},
+            r"a summary turn before any action")]
     for d, err in bad:
         p.write_text(json.dumps(demo) + "\n" + json.dumps(d) + "\n")
         with pytest.raises(ValueError, match=r"demos.jsonl:2: bad demonstration \(.*" + err):
             jsonl_segments(fmt, str(p), tools)
     p.write_text(json.dumps(demo) + "\n")
     with pytest.raises(ValueError, match=rf"demos.jsonl:1: a demonstration, {len(seg)} tokens"
-                                         rf", where a training row holds {len(seg) - 1} .*"
+                                         rf", where a training row holds at most {len(seg) - 1} .*"
                                          "context.working_context"):
         jsonl_segments(fmt, str(p), tools, max_len=len(seg) - 2)
     assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
@@ -279,6 +292,10 @@ def test_summary_turns_split_a_demonstration_as_supo_splits_a_rollout(tmp_path):
     p = tmp_path / "rollouts.jsonl"
     p.write_text("".join(json.dumps(r.to_json()) + "\n" for r in ro))
     assert jsonl_segments(fmt, str(p), tools, ctx=ctx) == [s for r in won for s in r.segments]
+    p.write_text("".join(json.dumps(dict(r.to_json(), reward=0.0)) + "\n" for r in ro))
+    with pytest.raises(ValueError, match=rf"none of its {len(ro)} rollouts has a positive reward"):
+        jsonl_segments(fmt, str(p), tools, ctx=ctx)
+    p.write_text("".join(json.dumps(r.to_json()) + "\n" for r in ro))
     # by hand: no summary instruction, no continuation, no tags, the dropped pair left out
     r = max(won, key=lambda r: r.counters["summaries"])
     by_hand = [dict(m, content=extract_summary(m["content"])) if m.get("summary") else m

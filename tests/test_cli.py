@@ -73,6 +73,11 @@ def test_missing_or_unreadable_model_path(cmd, tmp_path, capsys):
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"not a gguf file")
     _one_line_error(capsys, _argv(cmd, tmp_path, str(garbage)), str(garbage), "GGUF")
+    run = tmp_path / "a_run"   # a run directory where a model belongs: say which of it to pass
+    (run / "sft").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    _one_line_error(capsys, _argv(cmd, tmp_path, str(run)), "is a supo_jax run directory, not a "
+                    "model: pass its hf/", f"it has {run / 'sft'}/")
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "config.json").write_text('{"model_type": "llama"}')

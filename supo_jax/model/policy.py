@@ -216,6 +216,12 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
         cfg = ModelConfig.from_hf_dict(hf)
         tok = gguf_tokenizer(path) if tokenizer else None
     elif os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "run.json")):   # what supo_jax runs write
+            have = [d for d in ("hf", "sft") if os.path.isdir(os.path.join(path, d))]
+            raise FileNotFoundError(
+                f"{path!r} is a supo_jax run directory, not a model: pass its hf/ (the policy "
+                "a run exports when it ends) or sft/ (the SFT warm start); it has "
+                + (" and ".join(f"{os.path.join(path, d)}/" for d in have) or "neither yet"))
         cfg = ModelConfig.from_pretrained(path)
         source = safetensors_source(path)
         tok = load_tokenizer(path) if tokenizer and _has_tokenizer(path) else None

@@ -12,7 +12,7 @@ import numpy as np
 from supo_jax.agent.context import ContextConfig, Segment
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
-from supo_jax.text.parsing import format_tool_call
+from supo_jax.text.parsing import format_tool_call, parse_action
 
 
 def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: ContextConfig,
@@ -116,15 +116,37 @@ def conversation_segments(fmt: ChatFormat, messages: Sequence[dict], tools=None,
     return segments
 
 
-def _check_tool_names(messages, tools) -> None:
-    """Every assistant tool call names one of `tools` (when any are given)."""
-    names = {(t.get("function") or t).get("name") for t in tools or () if isinstance(t, dict)}
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_demonstration(messages, tools) -> None:
+    """A hand-written demonstration as the rollout loop would accept it: known roles, a summary
+    turn only after an action, and every tool call parsed and validated against `tools`
+    (JSON-schema function dicts) as a rollout's actions are. Raises ValueError naming the cause."""
+    schemas = {}
+    for t in tools or ():
+        fn = (t.get("function") or t) if isinstance(t, dict) else {}
+        if isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters") or {}
+    acted = False
     for m in messages:
-        for call in (m.get("tool_calls") or ()) if m.get("role") == "assistant" else ():
-            name = (call.get("function") or call).get("name")
-            if names and name not in names:
-                raise ValueError(f"a tool call to {name!r}, not one of the tools "
-                                 f"({', '.join(sorted(map(str, names)))})")
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else m
+            raise ValueError(f"a message of role {role!r}: roles are {', '.join(ROLES)}")
+        if m["role"] != "assistant":
+            continue
+        if m.get("summary"):
+            if not acted:
+                raise ValueError("a summary turn before any action (SUPO summarizes when a "
+                                 "context that actions filled nears W)")
+            continue
+        acted = True
+        text = assistant_text(m)
+        if schemas and "<tool_call>" in text:
+            parsed = parse_action(text, schemas, answer_tool="",
+                                  max_calls=text.count("<tool_call>"))
+            if parsed.kind == "error":
+                raise ValueError(f"a tool call the rollout loop would reject: {parsed.error}")
 
 
 def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
@@ -134,15 +156,17 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
     (conversation_segments), or a rollout record as `supo-jax rollout --out` writes it (its
     transcript, when its reward is positive). A bad line, or a row longer than `max_len`
     tokens, fails naming its number."""
-    out = []
+    out, failed = [], 0
     with open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 d = json.loads(line)
-                if isinstance(d, dict) and "messages" not in d and "transcript" in d:
+                rollout = isinstance(d, dict) and "messages" not in d and "transcript" in d
+                if rollout:   # made by the rollout loop: its turns are the loop's own
                     if not d.get("reward", 0) > 0:   # a rollout that failed: not a demonstration
+                        failed += 1
                         continue
                     d = {"messages": d["transcript"]}
                 if not isinstance(d, dict) or not isinstance(d.get("messages"), list):
@@ -150,7 +174,8 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
                                      + (f"keys {sorted(d)}" if isinstance(d, dict)
                                         else type(d).__name__))
                 tools = d.get("tools", default_tools)
-                _check_tool_names(d["messages"], tools)
+                if not rollout:
+                    check_demonstration(d["messages"], tools)
                 segs = conversation_segments(fmt, d["messages"], tools, ctx)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{path}:{i}: bad demonstration ({e})") from None
@@ -160,11 +185,15 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
                             else "a demonstration")
                     raise ValueError(
                         f"{path}:{i}: {what}, {len(seg.tokens)} tokens, where "
-                        f"a training row holds {max_len + 1} under this context config: shorten "
+                        f"a training row holds at most {max_len + 1} under this context config "
+                        f"(a row of {max_len} inputs, W here, plus one last target token): shorten "
                         'it, split it with summary turns ({"role": "assistant", "summary": true, '
                         '"content": ...}: README, "Adding an environment"), or raise '
                         "context.working_context")
             out += segs
+    if not out and failed:
+        raise ValueError(f"{path}: none of its {failed} rollouts has a positive reward, and a "
+                         "rollout without one is not a demonstration")
     return out
 
 
