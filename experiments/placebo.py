@@ -9,33 +9,21 @@ is the normal run's. With dynamic sampling (rollout.dynamic_rounds), the groups 
 picked from a permutation of each round's rewards too, so they are as unrelated to what the
 rollouts did as the advantages. If a run ends where its placebo does, its updates carried no more than
 their noise.
+
+It is `supo-jax` with `--set advantage.permute_rewards=true` (which a sweep grid can set too):
+the setting is saved with the run, so neither a placebo run resumed without it nor a real run
+resumed with it can mix the two kinds of steps.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
-
-import numpy as np
-
-
-def permuted(rollouts, rng):
-    """The rollouts with their rewards permuted among them (the multiset of rewards is kept)."""
-    rewards = [r.reward for r in rollouts]
-    return [dataclasses.replace(r, reward=rewards[i])
-            for r, i in zip(rollouts, rng.permutation(len(rollouts)))]
 
 
 def main(argv=None) -> int:
     from supo_jax import cli
-    from supo_jax.rl import trainer
 
-    rng = np.random.default_rng(0)
-    advantages = trainer.rollout_advantages
-    trainer.rollout_advantages = lambda rollouts, cfg: advantages(permuted(rollouts, rng), cfg)
-    try:
-        return cli.main(sys.argv[1:] if argv is None else argv)
-    finally:
-        trainer.rollout_advantages = advantages
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return cli.main(argv + ["--set", "advantage.permute_rewards=true"])
 
 
 if __name__ == "__main__":

@@ -138,6 +138,8 @@ def _cmd_eval(args) -> None:
 
     import jax
 
+    from supo_jax.utils import json_safe
+
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import check_prompt_fits
     from supo_jax.rl.trainer import evaluate
@@ -157,7 +159,7 @@ def _cmd_eval(args) -> None:
     if jax.process_index() == 0:   # multi-process: every process has the same rows
         os.makedirs(cfg.train.run_dir, exist_ok=True)
         with open(out, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(json_safe(rows), f, indent=2, allow_nan=False)
     print(f"saved {out}")
 
 
@@ -243,6 +245,8 @@ def _cmd_sweep(args) -> None:
         hosts = int(os.environ.get("SUPO_JAX_SWEEP_HOSTS", args.host_count))
         sweep.run_sweep(runs, host_index=host, host_count=hosts)
     rep = sweep.report(runs, args.out)
+    if not any(r["seeds"] for r in rep["rows"]):
+        print(f"no run of this sweep has finished yet in {args.out}")
     print(rep["markdown"])
     print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
 

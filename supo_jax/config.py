@@ -361,15 +361,23 @@ def _check_knobs(env: EnvSection) -> None:
     if gen is None:
         return
     params = inspect.signature(gen).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return
-    takes = [n for n, p in params.items() if n not in ("split", "n", "seed") and n[0] != "_"
-             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    for field in ("knobs", "eval_knobs"):
-        for k in getattr(env, field):
-            if k not in takes:
-                raise ConfigError(f"env.{field}.{k}: the task generator of {env.name!r} takes no "
-                                  f"knob {k!r} (it takes: {', '.join(takes) or 'none'})")
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        takes = [n for n, p in params.items() if n not in ("split", "n", "seed") and n[0] != "_"
+                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for field in ("knobs", "eval_knobs"):
+            for k in getattr(env, field):
+                if k not in takes:
+                    raise ConfigError(f"env.{field}.{k}: the task generator of {env.name!r} "
+                                      f"takes no knob {k!r} (it takes: {', '.join(takes) or 'none'})")
+    # a knob of the wrong type or range fails here, not inside a run: one task of each split
+    for field, split, knobs in (("knobs", "train", env.knobs),
+                                ("eval_knobs", "eval", {**env.knobs, **env.eval_knobs})):
+        if knobs and (field == "knobs" or env.eval_knobs):
+            try:
+                gen(split, 1, seed=env.seed, **knobs)
+            except Exception as e:   # noqa: BLE001  (the generator is the user's code)
+                raise ConfigError(f"env.{field}={knobs!r}: the task generator of {env.name!r} "
+                                  f"fails with them ({type(e).__name__}: {e})") from None
 
 
 def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -399,16 +407,18 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-# settings a resumed run may change: how long it runs, how often it saves / evaluates, logging
-RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.keep", "train.eval_every",
+# settings a resumed run may change: where it is, how long it runs, how often it saves /
+# evaluates, logging
+RESUMABLE_KEYS = ("train.run_dir", "train.steps", "train.save_every", "train.keep",
+                  "train.eval_every",
                   "train.eval_before", "train.eval_temperature", "train.eval_samples",
                   "train.eval_max_summaries", "train.progress", "train.accept_config_change",
                   "env.eval_tasks", "env.eval_knobs")
 
 
-def config_changes(saved: dict, cfg) -> list[str]:
+def config_changes(saved: dict, cfg, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:
     """'key: saved -> new' for every setting of cfg that differs from a saved to_dict() (JSON)
-    outside RESUMABLE_KEYS. A setting the saved config lacks (added to the code since) is no
+    outside `ignore` (by default the keys a resumed run may change). A setting the saved config lacks (added to the code since) is no
     change while it keeps its default, which is the behaviour the code had before it."""
     new = json.loads(json.dumps(to_dict(cfg), default=str))
     out = []
@@ -416,7 +426,7 @@ def config_changes(saved: dict, cfg) -> list[str]:
     def walk(a, b, prefix):
         for k in sorted(set(a) | set(b)):
             key = f"{prefix}{k}"
-            if key in RESUMABLE_KEYS:
+            if key in ignore:
                 continue
             x, y = a.get(k), b.get(k)
             if k not in a and y == _field_default(prefix, k):

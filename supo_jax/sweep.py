@@ -6,8 +6,10 @@
 
 Every (grid point, seed) is one training run in DIR/<point>/seed<k> (a normal run directory:
 metrics.jsonl, checkpoints, eval.json). A finished run leaves result.json and is skipped when
-the sweep is run again, so an interrupted sweep picks up where it stopped (an unfinished run
-resumes from its own checkpoints). On a pod, give each host its share with
+the sweep is run again with its settings, so an interrupted sweep picks up where it stopped (an
+unfinished run resumes from its own checkpoints); a finished run whose steps or eval settings
+changed is run again (it resumes), and a run whose other settings changed is an error at start,
+as `supo-jax train` refuses it. On a pod, give each host its share with
 --host-index/--host-count (one run per host at a time, without jax.distributed); any host can
 then `--collect-only` the table once all shares are done.
 
@@ -27,6 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from supo_jax import config as C
+from supo_jax.utils import json_safe
 
 REPORT_KEYS = ("success_rate", "reward_mean", "tool_calls_mean", "summaries_mean",
                "working_context_mean", "working_context_max", "effective_context_mean",
@@ -111,7 +114,28 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
             sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
                     f"train.seed={seed}", f"train.run_dir={run_dir}"]
             runs.append(Run(name, dict(point), int(seed), run_dir, C.load_config(config_path, sets)))
+    stale = [f"{r.run_dir}: {'; '.join(ch)}" for r in runs
+             if not r.cfg.train.accept_config_change and (ch := _changes(r))]
+    if stale:
+        raise C.ConfigError(
+            f"{len(stale)} of the sweep's runs exist with other settings:\n  "
+            + "\n  ".join(stale[:8]) + ("\n  ..." if len(stale) > 8 else "")
+            + "\nuse another --out, or continue them with the new settings: --set "
+            "train.accept_config_change=true")
     return runs
+
+
+# what may differ between a finished run and the sweep's plan for it with the run reused as it is
+REUSABLE_KEYS = ("train.run_dir", "train.progress", "train.accept_config_change")
+
+
+def _changes(run: Run, ignore: Sequence[str] = C.RESUMABLE_KEYS) -> list[str]:
+    """How the settings saved in run.run_dir differ from the planned ones (none if unsaved)."""
+    p = os.path.join(run.run_dir, "config.json")
+    if not os.path.exists(p):
+        return []
+    with open(p) as f:
+        return C.config_changes(json.load(f), run.cfg, ignore)
 
 
 def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
@@ -127,12 +151,14 @@ def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
         if i % host_count != host_index:
             continue
         done = os.path.join(run.run_dir, "result.json")
-        if os.path.exists(done):
+        changed = _changes(run, REUSABLE_KEYS) if os.path.exists(done) else []
+        if os.path.exists(done) and not changed:
             with open(done) as f:
                 results.append(json.load(f))
             log(f"[{i + 1}/{len(runs)}] {run.run_dir}: finished earlier")
             continue
-        log(f"[{i + 1}/{len(runs)}] {run.run_dir}")
+        log(f"[{i + 1}/{len(runs)}] {run.run_dir}" + (
+            f": finished with other settings ({'; '.join(changed)}), run again" if changed else ""))
         t0 = time.time()
         out = train_fn(run.cfg)
         res = {"name": run.name, "point": run.point, "seed": run.seed, "run_dir": run.run_dir,
@@ -140,7 +166,7 @@ def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
                "eval_before": _scalars(out.get("eval_before") or {}),
                "last_step": _scalars(out["history"][-1]) if out.get("history") else {}}
         with open(done + ".tmp", "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump(json_safe(res), f, indent=2, allow_nan=False)
         os.replace(done + ".tmp", done)
         results.append(res)
     return results
@@ -194,7 +220,8 @@ def table_markdown(rows: Sequence[dict]) -> str:
     for r in rows:
         cells = [r["name"], ",".join(map(str, r["seeds"])) or "-"]
         for k in REPORT_KEYS[:5]:
-            cells.append("-" if r[k] is None else f"{r[k][0]:.3f} ± {r[k][1]:.3f}")
+            cells.append("-" if r[k] is None else f"{r[k][0]:.3f}" if len(r["seeds"]) == 1
+                         else f"{r[k][0]:.3f} ± {r[k][1]:.3f}")   # one seed: no spread known
         cells.append("-" if r["seconds"] is None else f"{r['seconds'] / 60:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -248,7 +275,10 @@ def plot_curves(series: dict[str, Sequence[str]], key: str, path: str, ylabel: s
         ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
     ax.set_xlabel("RL step")
     ax.set_ylabel(ylabel or key)
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no run has logged a step yet", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -264,7 +294,7 @@ def report(runs: Sequence[Run], out: str) -> dict:
     plot = plot_curves(by_point, "success_rate", os.path.join(out, "success_vs_step.png"),
                        "training success rate")
     with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump(json_safe(rows), f, indent=2, allow_nan=False)
     md = table_markdown(rows)
     with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write(f"# Sweep\n\nFinal held-out eval, mean ± standard error over seeds.\n\n{md}\n\n"

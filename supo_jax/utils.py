@@ -1,5 +1,18 @@
 """Small process-level helpers."""
+import math
 import os
+
+
+def json_safe(obj):
+    """obj for strict JSON: every non-finite float (a figure without a value, e.g. nan) as
+    None, in nested dicts, lists and tuples too."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def enable_compile_cache(path: str | None = None) -> str:

@@ -93,6 +93,16 @@ def test_knobs_belong_to_their_environment():
     apply_overrides(Config(), ["sft.steps=0", "train.sft_warm_start=false"])
 
 
+def test_a_knob_the_task_generator_rejects_fails_at_start(cards_dir):
+    sets = ['env.imports=["my_envs.cards"]', "env.name=cards"]
+    assert apply_overrides(Config(), sets + ["env.knobs.size=9"]).env.knobs == {"size": 9}
+    with pytest.raises(ConfigError, match=r"env\.knobs=\{'size': \[5, 9\]\}: the task generator "
+                                          r"of 'cards' fails with them \(TypeError: "):
+        apply_overrides(Config(), sets + ["env.knobs.size=[5, 9]"])
+    with pytest.raises(ConfigError, match=r"env\.eval_knobs=\{'size': 'x'\}"):
+        apply_overrides(Config(), sets + ["env.eval_knobs.size=x"])
+
+
 def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path, capsys):
     (cards_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
         'register_env("cards"', 'register_env("cards_noexp"'))

@@ -129,10 +129,11 @@ def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(t
                 or re.search(r"all \d+ tokens P [\d.]+ -> [\d.]+ \(log-probability [-+][\d.]+\)", line)), line
 
 
-def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch):
-    """experiments/placebo.py: the advantages of every training step are computed from a
-    permutation of that step's rewards, the run is otherwise a normal `train`, and the trainer
-    is left as it was."""
+def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch,
+                                                                     capsys):
+    """experiments/placebo.py (advantage.permute_rewards): the advantages of every training step
+    are computed from a permutation of that step's rewards, the run is otherwise a normal
+    `train`, and the setting is saved with the run: resuming it without the setting is refused."""
     import dataclasses
 
     import numpy as np
@@ -140,39 +141,44 @@ def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, m
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import placebo
     from reproduce_cpu import QUICK
+    from supo_jax.cli import main
     from supo_jax.rl import trainer
+    from supo_jax.rl.batch import permute_rewards
 
     @dataclasses.dataclass(frozen=True)
     class R:
         reward: float
 
     rs = [R(float(i)) for i in range(16)]
-    out = placebo.permuted(rs, np.random.default_rng(0))
+    out = permute_rewards(rs, np.random.default_rng(0))
     assert sorted(r.reward for r in out) == [r.reward for r in rs]
     assert [r.reward for r in out] != [r.reward for r in rs]
 
     calls = []   # (the step's rollouts, what the advantages were computed from)
-    permuted = placebo.permuted
 
     def recording(ro, rng):
-        calls.append((ro, permuted(ro, rng)))
+        calls.append((ro, permute_rewards(ro, rng)))
         return calls[-1][1]
 
-    monkeypatch.setattr(placebo, "permuted", recording)
-    real = trainer.rollout_advantages
+    monkeypatch.setattr(trainer, "permute_rewards", recording)
     run_dir = tmp_path / "placebo"
-    sets = [a for s in QUICK for a in ("--set", s)]
-    # one round per step (dynamic sampling calls rollout_advantages once more per round, to
-    # pick the groups it keeps: with a permutation of its own, as unrelated to what they did)
-    assert placebo.main(["train", *sets, "--set", "env.name=fncall/count", "--set",
-                         "rollout.dynamic_rounds=0", "--set", f"train.run_dir={run_dir}"]) == 0
-    assert trainer.rollout_advantages is real
+    sets = [a for s in QUICK for a in ("--set", s)] + ["--set", "env.name=fncall/count",
+                                                       "--set", f"train.run_dir={run_dir}"]
+    # one round per step (dynamic sampling computes advantages once more per round, to pick
+    # the groups it keeps: from a permutation of its own, as unrelated to what they did)
+    assert placebo.main(["train", *sets, "--set", "rollout.dynamic_rounds=0"]) == 0
     steps = [json.loads(l) for l in open(run_dir / "metrics.jsonl") if '"loss"' in l]
     assert len(calls) == len(steps) == 2
     for (ro, used), m in zip(calls, steps):
         assert len(ro) == m["rollouts"] and sorted(r.reward for r in used) == sorted(
             r.reward for r in ro)
         assert [r.task_id for r in used] == [r.task_id for r in ro]   # only rewards move
+    assert json.load(open(run_dir / "config.json"))["advantage"]["permute_rewards"] is True
+    capsys.readouterr()
+    assert main(["train", *sets, "--set", "rollout.dynamic_rounds=0", "--set",
+                 "train.steps=3"]) == 2
+    assert "advantage.permute_rewards: True -> False" in capsys.readouterr().err
+    assert len(calls) == 2
 
 
 def test_update_probe_retention_measures_what_an_update_does_to_kept_tokens(tmp_path):

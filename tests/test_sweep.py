@@ -66,6 +66,8 @@ def test_run_collect_report_resume_and_host_shares(tmp_path):
     assert calls == [runs[1].run_dir, runs[3].run_dir]
     rows = sweep.collect(runs)
     assert rows[0]["seeds"] == [2] and rows[0]["missing_seeds"] == [0]
+    md = sweep.table_markdown(rows)   # one seed each: the figure alone, no spread
+    assert "| 0.200 |" in md and "| 0.700 |" in md and "±" not in md
     sweep.run_sweep(runs, train_fn=_fake_train(calls), log=lambda *_: 0)
     assert calls[2:] == [runs[0].run_dir, runs[2].run_dir]   # finished runs are not rerun
     rep = sweep.report(runs, out)
@@ -92,3 +94,45 @@ def test_mean_se_is_the_standard_error_over_seeds():
     # sample std sqrt(((-.3)^2 + (-.1)^2 + .4^2) / 2) = sqrt(0.13), over sqrt(3)
     assert se == pytest.approx((0.13 ** 0.5) / 3 ** 0.5)
     assert sweep.mean_se([0.7]) == (pytest.approx(0.7), 0.0)
+
+
+def test_a_rerun_with_other_settings_is_refused_or_run_again_never_reused(tmp_path):
+    """A finished run is reused only under the settings that made it: other eval / steps
+    settings run it again (it resumes), other training settings are an error at start."""
+    from supo_jax import config as C
+
+    def train(cfg):
+        os.makedirs(cfg.train.run_dir, exist_ok=True)
+        with open(os.path.join(cfg.train.run_dir, "config.json"), "w") as f:
+            json.dump(C.to_dict(cfg), f, default=str)
+        return _fake_train(calls)(cfg)
+
+    out, calls, pts = str(tmp_path), [], [{"context.manager": "supo"}]
+    runs = sweep.plan(TINY, pts, [0, 1], out)
+    sweep.run_sweep(runs, train_fn=train, log=lambda *_: 0)
+    assert len(calls) == 2
+    sweep.run_sweep(sweep.plan(TINY, pts, [0, 1], out), train_fn=train, log=lambda *_: 0)
+    assert len(calls) == 2                                       # the same settings: reused
+    with pytest.raises(ConfigError, match=r"(?s)2 of the sweep's runs exist with other settings:\n"
+                                          r"  .*seed0: optim.lr: 0.001 -> 0.01\n.*"
+                                          r"train.accept_config_change=true"):
+        sweep.plan(TINY, pts, [0, 1], out, overrides=["optim.lr=1e-2"])
+    said = []
+    sweep.run_sweep(sweep.plan(TINY, pts, [0, 1], out, overrides=["train.steps=9"]),
+                    train_fn=train, log=said.append)
+    assert len(calls) == 4 and "finished with other settings (train.steps: 3 -> 9)" in said[0]
+    sweep.run_sweep(sweep.plan(TINY, pts, [0, 1], out, overrides=[
+        "optim.lr=1e-2", "train.accept_config_change=true"]), train_fn=train, log=lambda *_: 0)
+    assert len(calls) == 6
+
+
+def test_collect_only_before_any_run_says_so(tmp_path, capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # matplotlib's "No artists with labels" was one
+        assert main(["sweep", "--config", TINY, "--grid", "context.manager=supo,full",
+                     "--seeds", "0", "--out", str(tmp_path), "--collect-only"]) == 0
+    out = capsys.readouterr().out
+    assert f"no run of this sweep has finished yet in {tmp_path}" in out
+    assert os.path.getsize(tmp_path / "success_vs_step.png") > 1000

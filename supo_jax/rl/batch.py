@@ -104,6 +104,14 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
     return TrainBatch(**out)
 
 
+def permute_rewards(rollouts: Sequence, rng) -> list:
+    """The rollouts with their rewards permuted among them by `rng` (the multiset of rewards
+    is kept): a placebo control's batch (advantage.permute_rewards)."""
+    rewards = [r.reward for r in rollouts]
+    return [dataclasses.replace(r, reward=rewards[i])
+            for r, i in zip(rollouts, rng.permutation(len(rollouts)))]
+
+
 def rollout_advantages(rollouts: Sequence, cfg):
     """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags):
     each rollout's group-relative advantage (cfg: rl.configs.AdvantageConfig) broadcast to its

@@ -47,6 +47,10 @@ class AdvantageConfig:
     # tokens every rollout shares; < 1 weighs that push against the bounded push up of
     # successes (0 = learn from the group's better-than-average rollouts only)
     negative_weight: float = 1.0
+    # a placebo control (experiments/placebo.py): each batch's rewards permuted at random
+    # across its rollouts before the advantages, so updates keep their size and form but no
+    # relation to what a rollout did; saved with the run, so a resume cannot mix the two
+    permute_rewards: bool = False
 
     def __post_init__(self):
         if self.estimator not in ADVANTAGES:

@@ -58,8 +58,9 @@ def progress_bar(total, desc, enabled, closing_line: bool = True):
 def dump_row(row: dict) -> str:
     """A metrics row as strict JSON: a metric without a value (nan: e.g. no summaries to
     measure) is null."""
-    return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
-                       for k, v in row.items()}, allow_nan=False)
+    from supo_jax.utils import json_safe
+
+    return json.dumps(json_safe(row), allow_nan=False)
 
 
 def load_row(line: str) -> dict:

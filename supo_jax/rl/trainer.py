@@ -36,7 +36,7 @@ from supo_jax.agent.rollout import PolicyActor, run_rollouts, summarize
 from supo_jax.checkpoint import RunCheckpoints
 from supo_jax.model.sharding import put, replicated
 from supo_jax.model.weights import host_array
-from supo_jax.rl.batch import build_batch, rollout_advantages
+from supo_jax.rl.batch import build_batch, permute_rewards, rollout_advantages
 from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_scalars
 from supo_jax.rl.multihost import (barrier, exchange_rollouts, is_main, make_run_mesh,
                                    place_batch, process_local_policy, share)
@@ -45,6 +45,7 @@ from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_conf
 from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs,
                                     train_step)
 from supo_jax.sampling.sampler import SamplingParams
+from supo_jax.utils import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,8 @@ def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed
         cfg.context, max_summaries=int(max_summaries))
     t = cfg.train
     g = t.eval_samples if t.eval_temperature > 0 else 1
-    bar = progress_bar(len(share(tasks)) * g, f"eval S={ctx.max_summaries}", progress)
+    bar = progress_bar(len(share(tasks)) * g, f"eval S={ctx.max_summaries}" if ctx.summarizes
+                       else f"eval {ctx.manager}", progress)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=g,
                        sampling=SamplingParams(t.eval_temperature),
                        progress=bar.update if bar else None)
@@ -191,6 +193,7 @@ class Run:
     start: int = 0
     report: dict = dataclasses.field(default_factory=dict)
     ref_params: object = None    # the starting policy's parameters (loss.kl_coef > 0 only)
+    placebo_rng: object = None   # advantage.permute_rewards: the permutations' random stream
 
 
 def train(cfg: C.Config) -> dict:
@@ -340,12 +343,22 @@ def step_rollouts(run: Run, step: int, tasks, pool=()) -> tuple[list, list, dict
         rounds += 1
         if not k:
             return got, got, {}
-        _, _, adv, trained = rollout_advantages(got, cfg.advantage)
+        _, _, adv, trained = run_advantages(run, got)
         useful = {r.group_id for r, a, t in zip(got, adv, trained) if t and a != 0}
         for g in sorted(useful)[:B - informative]:
             kept += [dataclasses.replace(r, group_id=informative) for r in got if r.group_id == g]
             informative += 1
     return first, kept, {"rounds": rounds, "groups_trained": informative}
+
+
+def run_advantages(run: Run, rollouts):
+    """rollout_advantages of `rollouts` under the run's config (their rewards permuted first
+    for a placebo control, advantage.permute_rewards)."""
+    if run.cfg.advantage.permute_rewards:
+        if run.placebo_rng is None:
+            run.placebo_rng = np.random.default_rng(0)
+        rollouts = permute_rewards(rollouts, run.placebo_rng)
+    return rollout_advantages(rollouts, run.cfg.advantage)
 
 
 def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> dict:
@@ -355,7 +368,7 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> d
     t0 = time.time()
     rollouts, trainable, sampled = step_rollouts(run, step, tasks, pool)
     t1 = time.time()
-    segs, seg_adv, _, _ = rollout_advantages(trainable, cfg.advantage)
+    segs, seg_adv, _, _ = run_advantages(run, trainable)
     upd = {}
     if segs:
         batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
@@ -367,8 +380,8 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> d
             lr=learning_rate(step, o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
                              total_steps=cfg.train.steps))
     t2 = time.time()
-    return {"step": step + 1, "loss": upd.get("loss", 0.0), **summarize_scalars(rollouts),
-            "updates": 0, **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
+    return {"step": step + 1, "loss": upd.get("loss", float("nan")),   # nan: no update
+            **summarize_scalars(rollouts), "updates": 0, **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
             "masked_rate": float(np.mean([r.reason in cfg.advantage.masked_reasons
                                           for r in rollouts])),
             "segments": len(segs), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
@@ -398,8 +411,8 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     result = {"history": history, "eval": final, "eval_scaling": scaling, **run.report}
     if is_main():
         with open(os.path.join(t.run_dir, "eval.json"), "w") as f:
-            json.dump({"eval": final, "eval_scaling": scaling, **run.report}, f, indent=2,
-                      default=str)
+            json.dump(json_safe({"eval": final, "eval_scaling": scaling, **run.report}), f,
+                      indent=2, default=str, allow_nan=False)
     export = os.path.join(t.run_dir, "hf")
     run.policy.save_pretrained(export)   # collective gathers; process 0 writes
     result["export"] = export
