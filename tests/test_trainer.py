@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -201,6 +202,9 @@ def test_sft_cli_on_a_jsonl_of_conversations(tmp_path):
                         "--set", "sft.steps=4"], env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "sft_loss_last" in r.stdout
+    rows = re.search(r"sft_row_tokens_mean=([\d.]+) sft_row_tokens_max=(\d+) "
+                     r"summary_trigger_tokens=(\d+)", r.stdout)
+    assert rows and 0 < float(rows[1]) <= int(rows[2]) and int(rows[3]) > 0, r.stdout
     import transformers
     m = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "sft"))
     assert m.config.hidden_size == 32

@@ -145,7 +145,11 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
                      if bar else None)
     if bar:
         bar.close()
+    lengths = [len(sg.tokens) for sg in segs]
+    # rows that end long before L teach summaries at points a rollout never summarizes at
     return {"sft_segments": len(segs), "sft_demo_success": demo_success, **report,
+            "sft_row_tokens_mean": float(np.mean(lengths)), "sft_row_tokens_max": max(lengths),
+            "summary_trigger_tokens": cfg.context.limit(fmt),
             "sft_loss_first": hist[0]["loss"], "sft_loss_last": hist[-1]["loss"]}
 
 
