@@ -78,8 +78,11 @@ def straight_run(tmp_path_factory):
 def test_metrics_jsonl_and_tensorboard(straight_run):
     d, out = straight_run
     rows = _metrics(d)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    before, rows = rows[0], rows[1:]   # step 0: the eval of the starting policy
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 4]
+    with open(os.path.join(d, "eval.json")) as f:   # the final eval, as logged
+        assert rows[-1] == {"step": 4, **{f"eval/{k}": v for k, v in json.load(f)["eval"].items()
+                                          if v is None or isinstance(v, (int, float))}}
+    before, rows = rows[0], rows[1:-1]   # step 0: the eval of the starting policy
     assert "eval/success_rate" in before and "loss" not in before
     assert "eval before" in out
     need = {"step", "loss", "reward_mean", "success_rate", "p_summary", "p_success_given_summary",

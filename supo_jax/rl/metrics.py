@@ -101,6 +101,17 @@ class MetricsLog:
                     self.tb.add_scalar(k, v, row["step"])
             self.tb.flush()
 
+    def write_eval(self, step: int, row: dict) -> None:
+        """The eval row of `step`, replacing one already there (a finished run rerun is
+        evaluated again)."""
+        if is_main():
+            with open(self.path) as f:
+                lines = [ln for ln in f if ln.strip()]
+            with open(self.path, "w") as f:
+                f.writelines(ln for ln in lines if not ((d := json.loads(ln))["step"] == step
+                                                        and "loss" not in d))
+        self.write({"step": step, **row})
+
     def close(self):
         if self.tb is not None:
             self.tb.close()

@@ -409,6 +409,7 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     cfg, t = run.cfg, run.cfg.train
     run.ckpts.close()
     final = evaluate(run.policy, run.fmt, cfg, seed=t.seed, progress=t.progress)
+    metrics_log.write_eval(t.steps, eval_row(final))
     scaling = [evaluate(run.policy, run.fmt, cfg, max_summaries=s, seed=t.seed,
                         progress=t.progress) for s in t.eval_max_summaries]
     metrics_log.close()
