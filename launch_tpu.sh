@@ -13,7 +13,7 @@ set -euo pipefail
 
 TPU="" ZONE="" PROJECT="" ACCEL="v5litepod-8" RUNTIME="v2-alpha-tpuv5-lite" CREATE=0 DRY=0
 CONFIG="" SETS=()
-usage() { sed -n '2,12p' "$0"; exit "${1:-0}"; }
+usage() { sed -n '2,11p' "$0"; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tpu) TPU="$2"; shift 2 ;;
@@ -61,4 +61,8 @@ for s in "${SETS[@]+"${SETS[@]}"}"; do TRAIN+=" --set $(printf '%q' "$s")"; done
 # every worker runs the same command; its log is named by its worker id
 REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && W=\$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0) && SUPO_JAX_MULTIHOST=1 nohup $TRAIN > logs/$TPU/worker-\$W.log 2>&1 &"
 run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command "$REMOTE"
-echo "started on all workers of $TPU; logs: ~/supo_jax/logs/$TPU/worker-<i>.log on each worker"
+if [[ $DRY -eq 1 ]]; then
+  echo "dry run: nothing was started on $TPU"
+else
+  echo "started on all workers of $TPU; logs: ~/supo_jax/logs/$TPU/worker-<i>.log on each worker"
+fi

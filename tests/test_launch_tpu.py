@@ -19,6 +19,15 @@ def test_dry_run_prints_every_step():
     assert "supo-jax train --config experiments/configs/paper_fncall_supo.py" in out
     assert "model.path=/ckpt/Qwen2.5-7B-Instruct" in out and "worker-" in out
     assert not os.path.exists("/tmp/supo_jax_my-tpu.tar.gz")  # nothing was run
+    assert out.rstrip().endswith("dry run: nothing was started on my-tpu")
+    assert "started on all workers" not in out
+
+
+def test_help_is_the_usage_text_only():
+    r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("# Launch a supo-jax training run")
+    assert "set -euo" not in r.stdout and "--dry-run" in r.stdout
 
 
 def test_missing_required_options_fail():

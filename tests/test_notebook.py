@@ -20,7 +20,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3").execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     outs = "".join(o.get("text", "") for c in code for o in c.outputs)
-    assert "(summary)" in outs and "success_rate" in outs
+    assert "(summary)" in outs and "(cut: reached L)" in outs and "success_rate" in outs
     assert (tmp_path / "runs" / "notebook" / "curves.png").exists()
     assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)   # inline
     last = "".join(o.get("text", "") for o in code[-1].outputs)
