@@ -367,8 +367,9 @@ def _check_knobs(env: EnvSection) -> None:
         for field in ("knobs", "eval_knobs"):
             for k in getattr(env, field):
                 if k not in takes:
-                    raise ConfigError(f"env.{field}.{k}: the task generator of {env.name!r} "
-                                      f"takes no knob {k!r} (it takes: {', '.join(takes) or 'none'})")
+                    raise ConfigError(
+                        f"env.{field}.{k}: the task generator of {env.name!r} takes no knob "
+                        f"{k!r} (it takes: {', '.join(takes) or 'none'})")
     # a knob of the wrong type or range fails here, not inside a run: one task of each split
     for field, split, knobs in (("knobs", "train", env.knobs),
                                 ("eval_knobs", "eval", {**env.knobs, **env.eval_knobs})):
@@ -418,8 +419,9 @@ RESUMABLE_KEYS = ("train.run_dir", "train.steps", "train.save_every", "train.kee
 
 def config_changes(saved: dict, cfg, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:
     """'key: saved -> new' for every setting of cfg that differs from a saved to_dict() (JSON)
-    outside `ignore` (by default the keys a resumed run may change). A setting the saved config lacks (added to the code since) is no
-    change while it keeps its default, which is the behaviour the code had before it."""
+    outside `ignore` (by default the keys a resumed run may change). A setting the saved
+    config lacks (added to the code since) is no change while it keeps its default, which is
+    the behaviour the code had before it."""
     new = json.loads(json.dumps(to_dict(cfg), default=str))
     out = []
 

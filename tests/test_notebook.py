@@ -28,7 +28,8 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     # transformers, given the prompt the policy was trained on (its tools too), greedily writes
     # what the SUPO loop's greedy rollout of the same export wrote first
     hf_cell = next(c for c in code if "model.generate" in c.source)
-    hf_out = "".join(o.get("text", "") for o in hf_cell.outputs if o.get("name") == "stdout").strip()
+    hf_out = "".join(o.get("text", "") for o in hf_cell.outputs
+                     if o.get("name") == "stdout").strip()
     first = last.split("--- assistant", 1)[1].split("\n---", 1)[0].strip()
     n = min(len(hf_out), len(first))
     assert n > 0 and hf_out[:n] == first[:n], (hf_out, first)

@@ -385,7 +385,8 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> d
                              total_steps=cfg.train.steps))
     t2 = time.time()
     return {"step": step + 1, "loss": upd.get("loss", float("nan")),   # nan: no update
-            **summarize_scalars(rollouts), "updates": 0, **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
+            **summarize_scalars(rollouts), "updates": 0,
+            **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
             "masked_rate": float(np.mean([r.reason in cfg.advantage.masked_reasons
                                           for r in rollouts])),
             "segments": len(segs), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
