@@ -22,6 +22,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -177,10 +178,19 @@ def main(argv=None):
                     help="do not rerun the (long) sampler benchmark; keep its section")
     ap.add_argument("--only", default="", help="comma-separated benchmark names to run")
     ap.add_argument("--assemble", action="store_true", help="run nothing, only rebuild the file")
-    ap.add_argument("--smoke", action="store_true", help="pass --smoke to every benchmark")
-    ap.add_argument("--results-dir", default=common.RESULTS)
-    ap.add_argument("--out", default=OUT, help="the markdown file to write")
+    ap.add_argument("--smoke", action="store_true",
+                    help="pass --smoke to every benchmark (tiny sizes: checks that they run; "
+                    "written under the temp directory unless --results-dir / --out say where, "
+                    "never over the committed results)")
+    ap.add_argument("--results-dir", default=None, help=f"where the JSONs go (default: "
+                    f"{os.path.relpath(common.RESULTS, common.REPO)})")
+    ap.add_argument("--out", default=None, help="the markdown file to write (default: "
+                    "BENCHMARKS.md)")
     args = ap.parse_args(argv)
+    scratch = os.path.join(tempfile.gettempdir(), "supo_jax_benchmarks_smoke")
+    args.results_dir = args.results_dir or (scratch if args.smoke else common.RESULTS)
+    args.out = args.out or (os.path.join(scratch, "BENCHMARKS.md") if args.smoke else OUT)
+    os.makedirs(args.results_dir, exist_ok=True)
     names = [n for n, _, _ in BENCHMARKS]
     known = names + [n for n, _, _ in OPTIONAL]
     chosen = args.only.split(",") if args.only else names
@@ -197,7 +207,8 @@ def main(argv=None):
                     continue   # the sampler benchmark has no smoke size
                 run(name, extra, args.smoke, args.results_dir)
     assemble(args.results_dir, args.out, keep_from=OUT if os.path.exists(OUT) else None)
-    print(f"run_all: {time.perf_counter() - t0:.0f} s")
+    print(f"run_all: {time.perf_counter() - t0:.0f} s; wrote {args.out} (results in "
+          f"{args.results_dir})")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,18 @@ def test_run_all_assembles_benchmarks_md(results, tmp_path):
     assert text.count("python benchmarks/") >= 4 and "(--smoke run" in text
 
 
+def test_a_smoke_run_never_writes_over_the_committed_results(tmp_path):
+    committed = {p: os.path.getmtime(p) for p in (os.path.join(REPO, "BENCHMARKS.md"),
+                                                   os.path.join(BENCH, "results"))}
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--smoke",
+                        "--assemble"], cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    scratch = tmp_path / "supo_jax_benchmarks_smoke"
+    assert f"wrote {scratch / 'BENCHMARKS.md'}" in r.stdout and (scratch / "BENCHMARKS.md").exists()
+    assert committed == {p: os.path.getmtime(p) for p in committed}
+
+
 def _sampler_module():
     if BENCH not in sys.path:
         sys.path.insert(0, BENCH)
