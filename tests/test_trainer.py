@@ -90,7 +90,7 @@ def test_metrics_jsonl_and_tensorboard(straight_run):
             "overlong_rate", "generated_tokens_mean", "clip_fraction", "approx_kl", "entropy",
             "grad_norm", "summary_state_share"}
     assert need <= set(rows[0])
-    assert any(r["loss"] != 0.0 for r in rows)
+    assert any(r["updates"] > 0 and r["loss"] != 0.0 for r in rows)
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(d, "tb")))
     assert "success_rate" in out and "logs:" in out
     with open(os.path.join(d, "config.json")) as f:
@@ -299,3 +299,19 @@ def test_dynamic_sampling_keeps_the_groups_with_an_advantage_and_resamples(monke
     pool[:] = [{"task_id": f"q{i}", "rewards": [1, 1]} for i in range(50)]
     _, kept, m = run_with(3)
     assert kept == [] and m == {"rounds": 3, "groups_trained": 0} and len(calls) == 3
+
+
+def test_a_step_that_trains_nothing_says_why_once(monkeypatch):
+    from supo_jax.rl import trainer
+
+    monkeypatch.setattr(trainer, "_REPORTED_UNTRAINED", [])
+    said = []
+    trainer.report_untrained({"step": 1, "updates": 4, "success_rate": 0.5}, said.append)
+    assert said == []
+    trainer.report_untrained({"step": 2, "updates": 0, "success_rate": 0.0}, said.append)
+    trainer.report_untrained({"step": 3, "updates": 0, "success_rate": 0.5}, said.append)
+    assert len(said) == 1 and said[0].startswith("step 2 trained nothing: no group of rollouts "
+                                                 "carried an advantage, no rollout succeeded")
+    monkeypatch.setattr(trainer, "_REPORTED_UNTRAINED", [])
+    trainer.report_untrained({"step": 5, "updates": 0, "success_rate": 0.5}, said.append)
+    assert "every rollout scored alike" in said[-1]

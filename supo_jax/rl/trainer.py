@@ -88,6 +88,22 @@ def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None,
 
 
 _REPORTED_ERRORS: set = set()
+_REPORTED_UNTRAINED: list = []
+
+
+def report_untrained(row: dict, log=print) -> None:
+    """One line, the first time in this process a step takes no update, saying why (no group
+    of rollouts carried an advantage); metrics.jsonl counts such steps as updates = 0."""
+    if row.get("updates") or _REPORTED_UNTRAINED or not is_main():
+        return
+    _REPORTED_UNTRAINED.append(row["step"])
+    why = ("no rollout succeeded: the warm start solves none of these tasks (more SFT: "
+           "sft.steps / sft.num_demos; or a task it cannot do)" if not row.get("success_rate")
+           else "every rollout ended without an answer and is masked"
+           if row.get("masked_rate", 0) >= 1 else
+           "within each group every rollout scored alike (all solved or all failed)")
+    log(f"step {row['step']} trained nothing: no group of rollouts carried an advantage, {why}; "
+        "updates = 0 in metrics.jsonl counts such steps (this is not printed again)")
 
 
 def report_env_errors(rollouts, log=print) -> None:
@@ -222,6 +238,7 @@ def train(cfg: C.Config) -> dict:
         pos = (step * B) % len(train_tasks)
         tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
         row = rl_step(run, step, tasks, max_len=max_len, loss_cfg=loss_cfg, pool=train_tasks)
+        report_untrained(row)
         metrics_log.write(row)
         history.append(row)
         if outer:
