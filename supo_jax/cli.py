@@ -47,20 +47,19 @@ def _run_config(args):
     the directory has none. A --config file whose settings differ from the saved ones is an
     error that lists the differences."""
     import dataclasses
-    import json
     import os
 
-    from supo_jax.config import ConfigError, apply_overrides, config_changes, from_dict
+    from supo_jax.config import (ConfigError, apply_overrides, config_changes, from_dict,
+                                 saved_config)
 
     cfg = _config(args)
     fn = os.path.join(cfg.train.run_dir, "config.json")
-    if not os.path.isfile(fn):
+    saved = saved_config(cfg.train.run_dir)
+    if saved is None:
         return cfg
     try:
-        with open(fn) as f:
-            saved = json.load(f)
         base = from_dict(saved)
-    except (json.JSONDecodeError, ConfigError, TypeError, AttributeError) as e:
+    except (ConfigError, TypeError, AttributeError) as e:
         raise ConfigError(f"{fn} is not a readable run config ({e})") from None
     if args.config:   # the file's settings and this command's --set keys against the saved
         keys = ["train.run_dir"] + [o.split("=", 1)[0].strip() for o in args.set or []]
@@ -138,11 +137,10 @@ def _cmd_eval(args) -> None:
 
     import jax
 
-    from supo_jax.utils import json_safe
-
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import check_prompt_fits
     from supo_jax.rl.trainer import evaluate
+    from supo_jax.utils import json_safe
 
     cfg = _run_config(args)
     policy = _restore_policy(cfg)

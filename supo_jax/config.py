@@ -404,6 +404,22 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Confi
     return apply_overrides(cfg, overrides)
 
 
+def saved_config(run_dir: str) -> dict | None:
+    """The settings a run directory holds (its config.json as saved), None where it has none;
+    an unreadable one is a ConfigError naming the file."""
+    fn = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(fn):
+        return None
+    try:
+        with open(fn) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{fn} is not a readable run config ({e})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{fn} is not a readable run config (not a JSON object)")
+    return saved
+
+
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 

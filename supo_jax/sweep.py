@@ -131,11 +131,8 @@ REUSABLE_KEYS = ("train.run_dir", "train.progress", "train.accept_config_change"
 
 def _changes(run: Run, ignore: Sequence[str] = C.RESUMABLE_KEYS) -> list[str]:
     """How the settings saved in run.run_dir differ from the planned ones (none if unsaved)."""
-    p = os.path.join(run.run_dir, "config.json")
-    if not os.path.exists(p):
-        return []
-    with open(p) as f:
-        return C.config_changes(json.load(f), run.cfg, ignore)
+    saved = C.saved_config(run.run_dir)
+    return [] if saved is None else C.config_changes(saved, run.cfg, ignore)
 
 
 def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,

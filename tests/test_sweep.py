@@ -124,6 +124,10 @@ def test_a_rerun_with_other_settings_is_refused_or_run_again_never_reused(tmp_pa
     sweep.run_sweep(sweep.plan(TINY, pts, [0, 1], out, overrides=[
         "optim.lr=1e-2", "train.accept_config_change=true"]), train_fn=train, log=lambda *_: 0)
     assert len(calls) == 6
+    with open(os.path.join(runs[0].run_dir, "config.json"), "w") as f:
+        f.write("{not json")
+    with pytest.raises(ConfigError, match=r"seed0/config.json is not a readable run config"):
+        sweep.plan(TINY, pts, [0, 1], out)
 
 
 def test_collect_only_before_any_run_says_so(tmp_path, capsys):

@@ -176,11 +176,9 @@ def check_resume_config(run_dir: str, cfg: C.Config, steps) -> None:
     """A run directory holding checkpoints resumes only with the settings that produced them
     (C.RESUMABLE_KEYS may change): otherwise a ConfigError lists the differences and the two
     ways on. With train.accept_config_change the saved config is kept as config.step<N>.json."""
-    fn = os.path.join(run_dir, "config.json")
-    if not steps or not os.path.exists(fn):
+    saved = C.saved_config(run_dir) if steps else None
+    if saved is None:
         return
-    with open(fn) as f:
-        saved = json.load(f)
     changes = C.config_changes(saved, cfg)
     if not changes:
         return
@@ -190,6 +188,7 @@ def check_resume_config(run_dir: str, cfg: C.Config, steps) -> None:
             + "\n  ".join(changes) + "\nstart a new run with another train.run_dir, or continue "
             "this one with the new settings: --set train.accept_config_change=true")
     if is_main():
-        os.replace(fn, os.path.join(run_dir, f"config.step{max(steps)}.json"))
+        os.replace(os.path.join(run_dir, "config.json"),
+                   os.path.join(run_dir, f"config.step{max(steps)}.json"))
         print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
               f"config is kept as config.step{max(steps)}.json")
