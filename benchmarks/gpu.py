@@ -427,7 +427,7 @@ def mismatch_worker(args) -> dict:
             continue
         try:
             policy = new_policy(mc, dtype=pdt, compute_dtype=cdt, seed=0, **policy_options(args))
-            gens = generate(policy, prompts, args.new_tokens,
+            gens = generate(policy, prompts, args.new_tokens, stop_tokens=(),   # fixed length
                             sampling=SamplingParams(temperature=1.0), seed=0)
             segs = [Segment(tuple(p + g.tokens), tuple([0] * len(p) + [1] * len(g.tokens)),
                             tuple([0.0] * len(p) + list(g.logprobs))) for p, g in zip(prompts, gens)]
