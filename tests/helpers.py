@@ -11,6 +11,9 @@ FAMILIES = {
     "qwen3_qknorm_tied": ("qwen3", dict(tie=True)),
     "llama3_ropescaling_tied": ("llama3", dict(tie=True)),
     "llama_mha_untied": ("smollm", dict(tie=False, kv_heads=4)),
+    "mistral_headdim": ("mistral", dict(tie=False)),
+    "seed_oss_qkvbias": ("seed_oss", dict(tie=False)),
+    "smollm3_nope_tied": ("smollm3", dict(layers=4)),
 }
 
 

@@ -81,6 +81,36 @@ def test_unsupported_config_fields_named(tmp_path):
         ModelConfig.from_hf_dict(dict(hf, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig.from_hf_dict(dict(hf, model_type="gpt2"))
+    # a bias on o_proj (llama / qwen3 / smollm3 attention_bias, seed_oss attention_out_bias)
+    for family in ("smollm", "qwen3", "smollm3"):
+        with pytest.raises(ValueError, match="attention_bias=true.*o_proj"):
+            ModelConfig.from_hf_dict(dict(tiny_config(family).to_hf_dict(), attention_bias=True))
+    with pytest.raises(ValueError, match="attention_out_bias"):
+        ModelConfig.from_hf_dict(dict(tiny_config("seed_oss").to_hf_dict(), attention_out_bias=True))
+    mistral = tiny_config("mistral").to_hf_dict()
+    with pytest.raises(ValueError, match="sliding_window=4096"):
+        ModelConfig.from_hf_dict(dict(mistral, sliding_window=4096))
+    with pytest.raises(ValueError, match="sliding_window=4096"):   # transformers' default
+        ModelConfig.from_hf_dict({k: v for k, v in mistral.items() if k != "sliding_window"})
+    with pytest.raises(ValueError, match="no_rope_layers has 3 entries"):
+        ModelConfig.from_hf_dict(dict(tiny_config("smollm3").to_hf_dict(), no_rope_layers=[1, 0, 1]))
+    # class defaults where config.json is silent: Seed-OSS has q/k/v bias, SmolLM3 ties
+    bare = lambda family, key: {k: v for k, v in tiny_config(family).to_hf_dict().items() if k != key}
+    assert ModelConfig.from_hf_dict(bare("seed_oss", "attention_bias")).qkv_bias
+    assert ModelConfig.from_hf_dict(bare("smollm3", "tie_word_embeddings")).tie_embeddings
+
+
+def test_unused_checkpoint_tensors_are_an_error(tmp_path):
+    """Weights the configured architecture would not read (here q/k/v biases under a config
+    that says llama without attention_bias) fail the load instead of being dropped."""
+    import json
+    from supo_jax.model.weights import CheckpointError
+    make_hf_model("qwen2_bias_gqa", str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"does not use, e.g. model\.layers\.0\.self_attn\.[qkv]_proj\.bias"):
+        supo_jax.load_policy(str(tmp_path))
 
 
 def test_bad_inputs(tmp_path):

@@ -2,8 +2,11 @@
 
 One frozen dataclass covers the families supo_jax supports: Qwen2/Qwen2.5
 (q/k/v bias), Qwen3 (q/k RMSNorm, explicit head_dim), Llama 3.x (rope scaling
-"llama3") and Llama-architecture small models (SmolLM2, tied embeddings).
-Fields the decoder does not implement fail loudly, naming the field.
+"llama3"), Llama-architecture small models (SmolLM2, tied embeddings), Mistral
+(without a sliding window), Seed-OSS (the paper's BrowseComp-Plus model: q/k/v
+bias, none on o_proj) and SmolLM3 (no rotary embedding in every fourth layer).
+Fields the decoder does not implement fail loudly, naming the field. Dropout
+fields (attention_dropout, residual_dropout) are ignored: supo_jax never drops.
 """
 from __future__ import annotations
 
@@ -12,7 +15,13 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "seed_oss", "smollm3")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "seed_oss": "SeedOssForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+# transformers' class defaults where a config.json leaves the field out
+_DEFAULT_BIAS = {"qwen2": True, "seed_oss": True}       # q/k/v bias (attention_bias)
+_DEFAULT_TIED = {"smollm3": True}                         # tie_word_embeddings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +41,8 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     tie_embeddings: bool = False
+    # per layer: 1 = rotary embedding, 0 = none (SmolLM3's NoPE layers); None = every layer
+    rope_layers: tuple[int, ...] | None = None
     max_position_embeddings: int = 32768
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -47,6 +58,9 @@ class ModelConfig:
                      "num_heads", "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model config field {name} must be positive, got {getattr(self, name)}")
+        if self.rope_layers is not None and len(self.rope_layers) != self.num_layers:
+            raise ValueError(f"no_rope_layers has {len(self.rope_layers)} entries for "
+                             f"num_hidden_layers={self.num_layers}")
 
     @property
     def num_params(self) -> int:
@@ -64,7 +78,7 @@ class ModelConfig:
         if mt not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type={mt!r} is not supported "
                              f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        _check_unsupported(hf)
+        _check_unsupported(mt, hf)
         heads = int(hf["num_attention_heads"])
         hidden = int(hf["hidden_size"])
         head_dim = hf.get("head_dim") or hidden // heads
@@ -85,12 +99,19 @@ class ModelConfig:
                                  "(supported: default, llama3)")
         eos = hf.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-        if mt == "llama":
-            bias = bool(hf.get("attention_bias", False))
-        elif mt == "qwen2":
+        if mt == "qwen2":
             bias = True
+        elif mt == "mistral":
+            bias = False
         else:
-            bias = bool(hf.get("attention_bias", False))
+            bias = bool(hf.get("attention_bias", _DEFAULT_BIAS.get(mt, False)))
+        rope_layers = None
+        if mt == "smollm3":
+            layers = int(hf["num_hidden_layers"])
+            every = int(hf.get("no_rope_layer_interval", 4))
+            rope_layers = tuple(int(x) for x in (hf.get("no_rope_layers") or
+                                [int((i + 1) % every != 0) for i in range(layers)]))
+            rope_layers = None if all(rope_layers) else rope_layers
         return cls(
             model_type=mt,
             vocab_size=int(hf["vocab_size"]),
@@ -105,7 +126,8 @@ class ModelConfig:
             rope_llama3=llama3,
             qkv_bias=bias,
             qk_norm=(mt == "qwen3"),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", _DEFAULT_TIED.get(mt, False))),
+            rope_layers=rope_layers,
             max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos,
@@ -132,9 +154,7 @@ class ModelConfig:
         if self.hf_config:
             out = dict(self.hf_config)
         else:
-            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                    "qwen3": "Qwen3ForCausalLM"}[self.model_type]
-            out = {"architectures": [arch], "model_type": self.model_type,
+            out = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
                    "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
             if self.rope_llama3:
                 f, lo, hi, orig = self.rope_llama3
@@ -151,9 +171,14 @@ class ModelConfig:
         })
         if "rope_parameters" not in out:
             out["rope_theta"] = self.rope_theta
-        if self.model_type == "llama":
+        if self.model_type in ("llama", "seed_oss", "smollm3"):
             out["attention_bias"] = self.qkv_bias
             out.setdefault("mlp_bias", False)
+        if self.model_type == "mistral":
+            out["sliding_window"] = None
+        if self.model_type == "smollm3":
+            out["tie_word_embeddings"] = self.tie_embeddings
+            out["no_rope_layers"] = list(self.rope_layers or (1,) * self.num_layers)
         if self.bos_token_id is not None:
             out["bos_token_id"] = self.bos_token_id
         if self.eos_token_ids:
@@ -164,8 +189,18 @@ class ModelConfig:
         return out
 
 
-def _check_unsupported(hf: dict) -> None:
+def _check_unsupported(mt: str, hf: dict) -> None:
     """Fail on config fields that would change the math in ways the decoder ignores."""
+    if mt in ("llama", "qwen3", "smollm3") and hf.get("attention_bias"):
+        raise ValueError(f"config.json attention_bias=true is not supported for {mt} "
+                         "(it puts a bias on o_proj too; only q/k/v biases are implemented)")
+    if mt == "seed_oss" and hf.get("attention_out_bias"):
+        raise ValueError("config.json attention_out_bias=true is not supported (no o_proj bias)")
+    if mt == "mistral" and hf.get("sliding_window", 4096) is not None:
+        raise ValueError(f"config.json sliding_window={hf.get('sliding_window', 4096)} is not "
+                         "supported: the decoder attends to the whole context (a model whose "
+                         "rows never exceed the window computes the same with sliding_window "
+                         "null)")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json hidden_act={act!r} is not supported (only 'silu')")

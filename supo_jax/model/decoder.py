@@ -1,4 +1,5 @@
-"""The decoder: one Flax NNX module for the Qwen2/2.5, Qwen3 and Llama 3.x families.
+"""The decoder: one Flax NNX module for the Qwen2/2.5, Qwen3, Llama 3.x, Mistral, Seed-OSS
+and SmolLM3 families (supo_jax.model.config).
 
 Read top to bottom: the KV cache (write / read one layer's slots), RMSNorm, rotary
 embedding (with llama3 scaling), the block as plain functions (project_qkv: grouped
@@ -168,9 +169,10 @@ class Frame:
         return jnp.matmul(a, w.astype(self.dtype), precision=self.precision)
 
 
-def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict):
-    """Queries [B, T, H, D] and keys, values [B, K, T, D] of the normed input h [B, T, E],
-    with bias and q / k norm where the family has them, rotated."""
+def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict, i=0):
+    """Queries [B, T, H, D] and keys, values [B, K, T, D] of the normed input h [B, T, E]
+    of layer i, with bias and q / k norm where the family has them, rotated (unless layer
+    i is one of SmolLM3's layers without position encoding)."""
     b, t = h.shape[:2]
     q, k, v = f.mm(h, lw["wq"]), f.mm(h, lw["wk"]), f.mm(h, lw["wv"])
     if cfg.qkv_bias:
@@ -181,7 +183,12 @@ def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict):
     if cfg.qk_norm:
         q = rms_norm(q, lw["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lw["k_norm"], cfg.rms_norm_eps)
-    q, k = apply_rope(q, f.cos, f.sin), apply_rope(k, f.cos, f.sin)
+    if cfg.rope_layers is None:
+        q, k = apply_rope(q, f.cos, f.sin), apply_rope(k, f.cos, f.sin)
+    else:   # i is traced inside the layer scan: select rather than branch
+        rotate = jnp.asarray(cfg.rope_layers, bool)[i]
+        q = jnp.where(rotate, apply_rope(q, f.cos, f.sin), q)
+        k = jnp.where(rotate, apply_rope(k, f.cos, f.sin), k)
     return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
@@ -207,7 +214,7 @@ def attend(f: Frame, q, k, v, cache: KVCache | None, i):
 
 def block(cfg: ModelConfig, f: Frame, x, lw: dict, cache: KVCache | None = None, i=0):
     """One transformer block on x [B, T, E] with layer weights lw -> (x, cache)."""
-    q, k, v = project_qkv(cfg, f, rms_norm(x, lw["ln1"], cfg.rms_norm_eps), lw)
+    q, k, v = project_qkv(cfg, f, rms_norm(x, lw["ln1"], cfg.rms_norm_eps), lw, i)
     o, cache = attend(f, q, k, v, cache, i)
     x = x + f.mm(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw["wo"])
     h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)

@@ -120,7 +120,8 @@ def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corp
 def tiny_config(family: str = "qwen2", vocab_size: int = 528, *, hidden: int = 64,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 128,
                 tie: bool | None = None) -> ModelConfig:
-    """A small config of a supported family ('qwen2', 'qwen3', 'llama3', 'smollm')."""
+    """A small config of a supported family ('qwen2', 'qwen3', 'llama3', 'smollm', 'mistral',
+    'seed_oss', 'smollm3': every fourth layer without rotary embedding)."""
     base = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp,
                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                 max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
@@ -140,6 +141,20 @@ def tiny_config(family: str = "qwen2", vocab_size: int = 528, *, hidden: int = 6
     elif family == "smollm":
         hf = dict(base, model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=100000.0,
                   tie_word_embeddings=True if tie is None else tie)
+    elif family == "mistral":
+        hf = dict(base, model_type="mistral", architectures=["MistralForCausalLM"],
+                  rope_theta=1000000.0, head_dim=hidden // heads * 2, sliding_window=None,
+                  tie_word_embeddings=bool(tie))
+    elif family == "seed_oss":
+        hf = dict(base, model_type="seed_oss", architectures=["SeedOssForCausalLM"],
+                  rope_theta=10000000.0, attention_bias=True, attention_out_bias=False,
+                  attention_dropout=0.0, residual_dropout=0.0, tie_word_embeddings=bool(tie))
+    elif family == "smollm3":
+        hf = dict(base, model_type="smollm3", architectures=["SmolLM3ForCausalLM"],
+                  rope_theta=5000000.0, no_rope_layer_interval=4, pad_token_id=0, bos_token_id=1,
+                  no_rope_layers=[int((i + 1) % 4 != 0) for i in range(layers)],
+                  tie_word_embeddings=True if tie is None else tie)
     else:
-        raise ValueError(f"unknown tiny family {family!r} (qwen2, qwen3, llama3, smollm)")
+        raise ValueError(f"unknown tiny family {family!r} "
+                         "(qwen2, qwen3, llama3, smollm, mistral, seed_oss, smollm3)")
     return ModelConfig.from_hf_dict(hf)

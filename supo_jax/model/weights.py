@@ -154,9 +154,23 @@ def build_params(cfg: ModelConfig, abstract_state, source: TensorSource, dtype, 
         return jax.make_array_from_callback(shape, sharding, lambda idx: read(idx).astype(np_dtype))
 
     pure = nnx.to_pure_dict(abstract_state)
+    _check_all_used(cfg, pure, source)
     filled = jax.tree_util.tree_map_with_path(fill, pure)
     nnx.replace_by_pure_dict(abstract_state, filled)
     return abstract_state
+
+
+def _check_all_used(cfg: ModelConfig, pure: dict, source: TensorSource) -> None:
+    """A layer tensor the architecture would not read (e.g. an o_proj bias, an MLP bias) is an
+    error: dropping it silently gives other logits than the model's."""
+    used = {template.format(i=i) for p, (template, _) in _LAYER_HF.items()
+            if pure["layers"].get(p) is not None for i in range(cfg.num_layers)}
+    extra = sorted(n for n in source if n.startswith("model.layers.") and n not in used
+                   and not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise CheckpointError(f"checkpoint holds {len(extra)} layer tensor(s) that "
+                              f"model_type={cfg.model_type!r} as configured does not use, e.g. "
+                              f"{extra[0]} (check config.json's bias / architecture fields)")
 
 
 def host_array(x) -> np.ndarray:
