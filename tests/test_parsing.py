@@ -159,3 +159,37 @@ def test_format_tool_call_is_canonical_and_round_trips():
     p = parse_action(text, TOOLS)
     assert (p.kind, p.name, p.arguments) == ("call", "search", args)
     assert json.loads(text.split("\n")[1]) == {"name": "search", "arguments": args}
+
+
+def test_native_formats_of_other_chat_templates():
+    """Without a <tool_call> tag, the call formats Llama 3.x's and Mistral's chat templates
+    ask for are read (validated as strictly as Hermes calls)."""
+    llama = '{"name": "compare", "parameters": {"i": 1, "j": 2}}'
+    for text in (llama, f"  {llama}\n", f"<|python_tag|>{llama}"):
+        p = parse_action(text, TOOLS)
+        assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 1, "j": 2}), text
+    p = parse_action('{"name": "finish", "parameters": {"answer": 4}}', TOOLS)
+    assert (p.kind, p.arguments) == ("answer", {"answer": 4})
+    mistral = '[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 3, "j": 4}}]'
+    for text in (mistral, '[TOOL_CALLS]{"name": "compare", "arguments": {"i": 3, "j": 4}}'):
+        p = parse_action(text, TOOLS)
+        assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 3, "j": 4}), text
+    two = '[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 0, "j": 1}}, ' \
+          '{"name": "finish", "arguments": {"answer": 1}}]'
+    assert "too many tool calls (2)" in err(two)
+    assert parse_action(two, TOOLS, max_calls=2).kind == "answer"
+    # the same checks as a Hermes call: schema, names, JSON, nesting
+    assert "wrong type" in err('{"name": "compare", "parameters": {"i": "1", "j": 2}}')
+    assert "unknown tool" in err('[TOOL_CALLS] [{"name": "rm", "arguments": {}}]')
+    assert "malformed JSON" in err('[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 1')
+    assert "deeper than" in err("[TOOL_CALLS] " + "[" * 5000 + "]" * 5000)
+    assert "must be a JSON object" in err("[TOOL_CALLS] [3]")
+    # prose around a bare object, an object without a name, or plain JSON is no call
+    for text in ('I call {"name": "compare", "parameters": {"i": 1, "j": 2}}',
+                 '{"i": 1, "j": 2}', '{"name": "compare", "parameters": {"i": 1, "j": 2}',
+                 "[1, 2]"):
+        assert "no tool call found" in err(text), text
+    # a Hermes tag wins: its body is what is parsed
+    p = parse_action('<tool_call>{"name": "compare", "arguments": {"i": 5, "j": 6}}</tool_call>'
+                     ' [TOOL_CALLS] [{"name": "rm"}]', TOOLS)
+    assert p.arguments == {"i": 5, "j": 6}

@@ -6,7 +6,10 @@ An action is free text holding tool calls of the form
     {"name": "compare", "arguments": {"i": 3, "j": 7}}
     </tool_call>
 
-(whitespace around the JSON is allowed). The call whose name is the answer tool
+(whitespace around the JSON is allowed). Without such a tag, the formats the chat
+templates of other supported families ask for are read too: Mistral's
+`[TOOL_CALLS] [{"name": ..., "arguments": {...}}]` and Llama 3.x's action that is
+one JSON object `{"name": ..., "parameters": {...}}`. The call whose name is the answer tool
 ("finish" by default) ends the episode. `parse_action` never raises and never
 slows down on hostile input: every failure is a ParsedAction(kind="error") whose
 message tells the model what to fix, quoting at most QUOTE_CHARS of its text.
@@ -22,6 +25,7 @@ MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
 MAX_JSON_DEPTH = 32         # deeper nesting of arrays/objects is rejected
 QUOTE_CHARS = 100           # most model text an error message repeats
 _TAG = re.compile(r"<(/?)tool_call>")
+_MISTRAL_TAG, _PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"
 _SUMMARY_CLOSE, _SUMMARY_OPEN = "</summary>", "<summary>"
 _HINT = 'write it as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
@@ -117,19 +121,25 @@ def _check_object(obj: dict, schema: dict, where: str) -> str | None:
     return None
 
 
-def _parse_call(body: str, tools: dict[str, dict]) -> tuple[str, dict] | str:
-    """One <tool_call> body -> (name, arguments), or an error message."""
+def _load_json(body: str):
+    """(parsed JSON, None) or (None, error message); never slow, never raises."""
     too_deep = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
     try:  # the C decoder is linear-time; it raises RecursionError on extreme nesting
         obj = json.loads(body, parse_constant=_reject_constant)
     except RecursionError:
-        return too_deep
+        return None, too_deep
     except ValueError as e:  # JSONDecodeError, NaN/Infinity, over-long integers
         if isinstance(e, json.JSONDecodeError):
-            return f"malformed JSON in tool call ({e.msg} near {quote(body[e.pos:e.pos + 30])})"
-        return f"malformed JSON in tool call ({str(e)[:80]})"
+            return None, f"malformed JSON in tool call ({e.msg} near {quote(body[e.pos:e.pos + 30])})"
+        return None, f"malformed JSON in tool call ({str(e)[:80]})"
     if body.count("[") + body.count("{") > MAX_JSON_DEPTH and _too_deep(obj):
-        return too_deep
+        return None, too_deep
+    return obj, None
+
+
+def _check_call(obj, tools: dict[str, dict]) -> tuple[str, dict] | str:
+    """One parsed call object -> (name, arguments), or an error message. The arguments are
+    "arguments" (Hermes, Mistral) or "parameters" (Llama 3.x)."""
     if not isinstance(obj, dict):
         return f"the tool call must be a JSON object, got {_JSON_NAME.get(type(obj), 'value')}"
     if "name" not in obj:
@@ -139,12 +149,31 @@ def _parse_call(body: str, tools: dict[str, dict]) -> tuple[str, dict] | str:
         return '"name" must be a string'
     if name not in tools:
         return f"unknown tool {quote(name)}; valid tools: {', '.join(sorted(tools))}"
-    args = obj.get("arguments", {})
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
     if not isinstance(args, dict):
         got = _JSON_NAME.get(type(args), "value")
         return f'"arguments" of {name} must be a JSON object, got {got}'
     err = _check_object(args, tools[name] or {}, name)
     return err if err is not None else (name, args)
+
+
+def _native_calls(text: str) -> list | str | None:
+    """Calls written in the formats other chat templates ask for, when there is no <tool_call>
+    tag: Mistral's '[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]' and Llama 3.x's
+    action that is one JSON object '{"name": ..., "parameters": {...}}' (after an optional
+    <|python_tag|>). A list of call objects, an error message, or None (no such call)."""
+    s = text.strip()
+    if s.startswith(_PYTHON_TAG):
+        s = s[len(_PYTHON_TAG):].strip()
+    at = s.find(_MISTRAL_TAG)
+    if at >= 0:
+        obj, err = _load_json(s[at + len(_MISTRAL_TAG):].strip())
+        return err or (obj if isinstance(obj, list) else [obj])
+    if s.startswith("{") and s.endswith("}"):
+        obj, err = _load_json(s)
+        if err is None and isinstance(obj, dict) and "name" in obj:
+            return [obj]
+    return None
 
 
 def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
@@ -174,13 +203,17 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
             start = None
     if start is not None:
         return _error("unterminated <tool_call>: the call must end with </tool_call>")
-    if not bodies:
+    found = bodies or _native_calls(text)
+    if isinstance(found, str):
+        return _error(found)
+    if not found:
         return _error(f"no tool call found; {_HINT}")
-    if len(bodies) > max_calls:
-        return _error(f"too many tool calls ({len(bodies)}); make at most {max_calls} per turn")
+    if len(found) > max_calls:
+        return _error(f"too many tool calls ({len(found)}); make at most {max_calls} per turn")
     calls = []
-    for body in bodies:
-        parsed = _parse_call(body, tools)
+    for call in found:
+        obj, err = _load_json(call) if bodies else (call, None)
+        parsed = err or _check_call(obj, tools)
         if isinstance(parsed, str):
             return _error(parsed)
         calls.append(parsed)
