@@ -193,3 +193,34 @@ def test_native_formats_of_other_chat_templates():
     p = parse_action('<tool_call>{"name": "compare", "arguments": {"i": 5, "j": 6}}</tool_call>'
                      ' [TOOL_CALLS] [{"name": "rm"}]', TOOLS)
     assert p.arguments == {"i": 5, "j": 6}
+
+
+def test_function_parameter_calls_of_seed_oss_and_qwen3_coder():
+    """<function=...><parameter=...> bodies (Seed-OSS's <seed:tool_call>, Qwen3-Coder's
+    <tool_call>): values typed by the tool's schema, then validated like any call."""
+    seed = ("<seed:think>read card 2</seed:think><seed:tool_call>\n<function=compare>\n"
+            "<parameter=i>\n2\n</parameter>\n<parameter=j>7</parameter>\n</function>\n"
+            "</seed:tool_call>")
+    p = parse_action(seed, TOOLS)
+    assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 2, "j": 7})
+    coder = ("<tool_call>\n<function=search>\n<parameter=query>\n3 < 4 and {x}\n</parameter>\n"
+             "<parameter=tags>[\"a\", \"b\"]</parameter>\n<parameter=exact>true</parameter>\n"
+             "</function>\n</tool_call>")
+    p = parse_action(coder, TOOLS)
+    assert p.arguments == {"query": "3 < 4 and {x}", "tags": ["a", "b"], "exact": True}
+    p = parse_action("<seed:tool_call><function=finish><parameter=answer>5</parameter>"
+                     "</function></seed:tool_call>", TOOLS)
+    assert (p.kind, p.arguments) == ("answer", {"answer": 5})
+    assert "wrong type" in err("<seed:tool_call><function=compare><parameter=i>two</parameter>"
+                               "<parameter=j>1</parameter></function></seed:tool_call>")
+    assert "missing required argument" in err(
+        "<seed:tool_call><function=compare><parameter=i>1</parameter></function></seed:tool_call>")
+    assert "unknown tool" in err("<seed:tool_call><function=rm></function></seed:tool_call>")
+    assert "unterminated <function" in err("<seed:tool_call><function=compare></seed:tool_call>")
+    assert "unterminated <parameter" in err(
+        "<tool_call><function=compare><parameter=i>1</function></tool_call>")
+    # hostile: many unterminated parameters stay linear-time
+    t0 = time.perf_counter()
+    big = "<tool_call><function=search>" + "<parameter=q>" * 1500 + "</function></tool_call>"
+    assert "unterminated <parameter" in err(big)
+    assert time.perf_counter() - t0 < 0.5

@@ -6,10 +6,12 @@ An action is free text holding tool calls of the form
     {"name": "compare", "arguments": {"i": 3, "j": 7}}
     </tool_call>
 
-(whitespace around the JSON is allowed). Without such a tag, the formats the chat
-templates of other supported families ask for are read too: Mistral's
-`[TOOL_CALLS] [{"name": ..., "arguments": {...}}]` and Llama 3.x's action that is
-one JSON object `{"name": ..., "parameters": {...}}`. The call whose name is the answer tool
+(whitespace around the JSON is allowed). The forms other supported families' chat
+templates ask for are read too: Seed-OSS's `<seed:tool_call><function=NAME>
+<parameter=KEY>VALUE</parameter></function></seed:tool_call>` (the same body inside
+<tool_call> is Qwen3-Coder's; values are typed by the tool's schema) and, without a
+tag, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": {...}}]` and Llama 3.x's
+action that is one JSON object `{"name": ..., "parameters": {...}}`. The call whose name is the answer tool
 ("finish" by default) ends the episode. `parse_action` never raises and never
 slows down on hostile input: every failure is a ParsedAction(kind="error") whose
 message tells the model what to fix, quoting at most QUOTE_CHARS of its text.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
 MAX_JSON_DEPTH = 32         # deeper nesting of arrays/objects is rejected
 QUOTE_CHARS = 100           # most model text an error message repeats
-_TAG = re.compile(r"<(/?)tool_call>")
+_TAG = re.compile(r"<(/?)(?:seed:)?tool_call>")
 _MISTRAL_TAG, _PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"
 _SUMMARY_CLOSE, _SUMMARY_OPEN = "</summary>", "<summary>"
 _HINT = 'write it as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
@@ -137,6 +139,45 @@ def _load_json(body: str):
     return obj, None
 
 
+def _typed(raw: str, schema: dict):
+    """A <parameter=...> value as the schema types it: text for a string, else its JSON value
+    (text again when that fails, so that the schema check names the wrong type)."""
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    if not types or "string" in types:
+        return raw
+    obj, err = _load_json(raw.strip())
+    return raw if err else obj
+
+
+def _function_call(body: str, tools: dict[str, dict]):
+    """'<function=NAME><parameter=KEY>VALUE</parameter>...</function>' (Seed-OSS, Qwen3-Coder)
+    -> (call object, None) or (None, error message). Scanned with str.find: linear time."""
+    s = body.strip()
+    head_end, close = s.find(">"), s.rfind("</function>")
+    if head_end < 0 or close < head_end:
+        return None, "unterminated <function=...>: end the call with </function>"
+    name = s[len("<function="):head_end].strip()
+    props = (tools.get(name) or {}).get("properties", {})
+    args, pos, rest = {}, 0, s[head_end + 1:close]
+    while (i := rest.find("<parameter=", pos)) >= 0:
+        j = rest.find(">", i)
+        k = rest.find("</parameter>", j) if j >= 0 else -1
+        if k < 0:
+            return None, "unterminated <parameter=...>: end each value with </parameter>"
+        key = rest[i + len("<parameter="):j].strip()
+        args[key] = _typed(rest[j + 1:k].strip("\n"), props.get(key) or {})
+        pos = k + len("</parameter>")
+    return {"name": name, "arguments": args}, None
+
+
+def _load_call(body: str, tools: dict[str, dict]):
+    """A tag's body: a JSON call object, or a <function=...> call."""
+    if body.lstrip().startswith("<function="):
+        return _function_call(body, tools)
+    return _load_json(body)
+
+
 def _check_call(obj, tools: dict[str, dict]) -> tuple[str, dict] | str:
     """One parsed call object -> (name, arguments), or an error message. The arguments are
     "arguments" (Hermes, Mistral) or "parameters" (Llama 3.x)."""
@@ -212,7 +253,7 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
         return _error(f"too many tool calls ({len(found)}); make at most {max_calls} per turn")
     calls = []
     for call in found:
-        obj, err = _load_json(call) if bodies else (call, None)
+        obj, err = _load_call(call, tools) if bodies else (call, None)
         parsed = err or _check_call(obj, tools)
         if isinstance(parsed, str):
             return _error(parsed)
