@@ -14,6 +14,9 @@ FAMILIES = {
     "mistral_headdim": ("mistral", dict(tie=False)),
     "seed_oss_qkvbias": ("seed_oss", dict(tie=False)),
     "smollm3_nope_tied": ("smollm3", dict(layers=4)),
+    "qwen2_yarn": ("qwen2", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 1024})),
+    "qwen3_linear_rope": ("qwen3", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
 }
 
 

@@ -228,7 +228,11 @@ def test_readme_train_command_verbatim(cards_dir):
                      r"steps \(training rollouts ([\d.]+) -> ([\d.]+)\)", " ".join(README.split()))
     assert said, "the README no longer quotes the train command's success figures"
     before, after, step1, step30 = said.groups()
-    assert row.groups() == (before, step1, step30, after), r.stdout[-2000:]
+    # within 0.1 of each (the run is deterministic on one CPU; another CPU's rounding samples
+    # other tokens: a second machine printed 0.719 where the README says 0.734)
+    got = [float(x) for x in row.groups()]
+    want = [float(x) for x in (before, step1, step30, after)]
+    assert all(abs(g - w) <= 0.1 for g, w in zip(got, want)), (got, want, r.stdout[-2000:])
     assert (cards_dir / "runs" / "default" / "hf" / "config.json").exists()
 
 

@@ -77,8 +77,10 @@ def test_unsupported_config_fields_named(tmp_path):
     hf = tiny_config("qwen2").to_hf_dict()
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf_dict(dict(hf, hidden_act="gelu"))
-    with pytest.raises(ValueError, match="rope_scaling"):
-        ModelConfig.from_hf_dict(dict(hf, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(ValueError, match="rope_scaling type 'longrope'"):
+        ModelConfig.from_hf_dict(dict(hf, rope_scaling={"rope_type": "longrope", "factor": 4.0}))
+    with pytest.raises(ValueError, match="rope_scaling lacks 'low_freq_factor'"):
+        ModelConfig.from_hf_dict(dict(hf, rope_scaling={"rope_type": "llama3", "factor": 8.0}))
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig.from_hf_dict(dict(hf, model_type="gpt2"))
     # a bias on o_proj (llama / qwen3 / smollm3 attention_bias, seed_oss attention_out_bias)
@@ -126,3 +128,15 @@ def test_bad_inputs(tmp_path):
     from supo_jax.model.weights import CheckpointError
     with pytest.raises(CheckpointError, match="truncated"):
         supo_jax.load_policy(str(tmp_path / "m"))
+
+
+def test_rope_scaling_matters_at_these_lengths(tmp_path):
+    """The yarn / linear parity above is a test of the scaling: the same weights without it
+    give other logits at the 48 positions compared."""
+    import dataclasses
+    for name in ("qwen2_yarn", "qwen3_linear_rope"):
+        ref = make_hf_model(name, str(tmp_path / name))
+        pol = supo_jax.load_policy(str(tmp_path / name))
+        ids = np.random.RandomState(1).randint(0, pol.config.vocab_size, (2, 48))
+        pol.model.cfg = dataclasses.replace(pol.model.cfg, rope_scaling=None)
+        assert np.abs(np.asarray(pol.logits(ids)) - hf_logits(ref, ids)).max() > 1e-2, name

@@ -4,8 +4,10 @@ import time
 
 import pytest
 
-from supo_jax.text.parsing import (MAX_ACTION_CHARS, QUOTE_CHARS, extract_summary,
-                                    format_tool_call, parse_action)
+from supo_jax.text.parsing import (CALL_FORMATS, MAX_ACTION_CHARS, QUOTE_CHARS,
+                                    extract_summary, format_tool_call, parse_action)
+
+ALL = CALL_FORMATS
 
 TOOLS = {
     "compare": {"type": "object", "required": ["i", "j"],
@@ -161,66 +163,86 @@ def test_format_tool_call_is_canonical_and_round_trips():
     assert json.loads(text.split("\n")[1]) == {"name": "search", "arguments": args}
 
 
+def err_all(text, **kw):
+    return err(text, formats=ALL, **kw)
+
+
 def test_native_formats_of_other_chat_templates():
-    """Without a <tool_call> tag, the call formats Llama 3.x's and Mistral's chat templates
-    ask for are read (validated as strictly as Hermes calls)."""
+    """Without a <tool_call> tag, the call forms Llama 3.x's and Mistral's chat templates ask
+    for are read where `formats` names them (validated as strictly as Hermes calls), and are
+    no call otherwise (a tiny policy's actions read as they always have)."""
     llama = '{"name": "compare", "parameters": {"i": 1, "j": 2}}'
-    for text in (llama, f"  {llama}\n", f"<|python_tag|>{llama}"):
-        p = parse_action(text, TOOLS)
-        assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 1, "j": 2}), text
-    p = parse_action('{"name": "finish", "parameters": {"answer": 4}}', TOOLS)
-    assert (p.kind, p.arguments) == ("answer", {"answer": 4})
     mistral = '[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 3, "j": 4}}]'
+    seed = ("<seed:tool_call><function=compare><parameter=i>1</parameter><parameter=j>2"
+            "</parameter></function></seed:tool_call>")
+    for text in (llama, mistral, seed):
+        assert "no tool call found" in err(text), text
+    assert "malformed JSON" in err("<tool_call><function=compare></function></tool_call>")
+    for text in (llama, f"  {llama}\n", f"<|python_tag|>{llama}"):
+        p = parse_action(text, TOOLS, formats=("hermes", "llama3_json"))
+        assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 1, "j": 2}), text
+    assert "no tool call found" in err(llama, formats=("hermes", "mistral"))
+    p = parse_action('{"name": "finish", "parameters": {"answer": 4}}', TOOLS, formats=ALL)
+    assert (p.kind, p.arguments) == ("answer", {"answer": 4})
     for text in (mistral, '[TOOL_CALLS]{"name": "compare", "arguments": {"i": 3, "j": 4}}'):
-        p = parse_action(text, TOOLS)
+        p = parse_action(text, TOOLS, formats=("hermes", "mistral"))
         assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 3, "j": 4}), text
     two = '[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 0, "j": 1}}, ' \
           '{"name": "finish", "arguments": {"answer": 1}}]'
-    assert "too many tool calls (2)" in err(two)
-    assert parse_action(two, TOOLS, max_calls=2).kind == "answer"
+    assert "too many tool calls (2)" in err_all(two)
+    assert parse_action(two, TOOLS, max_calls=2, formats=ALL).kind == "answer"
     # the same checks as a Hermes call: schema, names, JSON, nesting
-    assert "wrong type" in err('{"name": "compare", "parameters": {"i": "1", "j": 2}}')
-    assert "unknown tool" in err('[TOOL_CALLS] [{"name": "rm", "arguments": {}}]')
-    assert "malformed JSON" in err('[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 1')
-    assert "deeper than" in err("[TOOL_CALLS] " + "[" * 5000 + "]" * 5000)
-    assert "must be a JSON object" in err("[TOOL_CALLS] [3]")
+    assert "wrong type" in err_all('{"name": "compare", "parameters": {"i": "1", "j": 2}}')
+    assert "unknown tool" in err_all('[TOOL_CALLS] [{"name": "rm", "arguments": {}}]')
+    assert "malformed JSON" in err_all('[TOOL_CALLS] [{"name": "compare", "arguments": {"i": 1')
+    assert "deeper than" in err_all("[TOOL_CALLS] " + "[" * 5000 + "]" * 5000)
+    assert "must be a JSON object" in err_all("[TOOL_CALLS] [3]")
     # prose around a bare object, an object without a name, or plain JSON is no call
     for text in ('I call {"name": "compare", "parameters": {"i": 1, "j": 2}}',
                  '{"i": 1, "j": 2}', '{"name": "compare", "parameters": {"i": 1, "j": 2}',
                  "[1, 2]"):
-        assert "no tool call found" in err(text), text
+        assert "no tool call found" in err_all(text), text
     # a Hermes tag wins: its body is what is parsed
     p = parse_action('<tool_call>{"name": "compare", "arguments": {"i": 5, "j": 6}}</tool_call>'
-                     ' [TOOL_CALLS] [{"name": "rm"}]', TOOLS)
+                     ' [TOOL_CALLS] [{"name": "rm"}]', TOOLS, formats=ALL)
     assert p.arguments == {"i": 5, "j": 6}
 
 
 def test_function_parameter_calls_of_seed_oss_and_qwen3_coder():
     """<function=...><parameter=...> bodies (Seed-OSS's <seed:tool_call>, Qwen3-Coder's
-    <tool_call>): values typed by the tool's schema, then validated like any call."""
+    <tool_call>) under the seed_oss format: values typed by the tool's schema, then
+    validated like any call."""
     seed = ("<seed:think>read card 2</seed:think><seed:tool_call>\n<function=compare>\n"
             "<parameter=i>\n2\n</parameter>\n<parameter=j>7</parameter>\n</function>\n"
             "</seed:tool_call>")
-    p = parse_action(seed, TOOLS)
+    p = parse_action(seed, TOOLS, formats=("hermes", "seed_oss"))
     assert (p.kind, p.name, p.arguments) == ("call", "compare", {"i": 2, "j": 7})
     coder = ("<tool_call>\n<function=search>\n<parameter=query>\n3 < 4 and {x}\n</parameter>\n"
              "<parameter=tags>[\"a\", \"b\"]</parameter>\n<parameter=exact>true</parameter>\n"
              "</function>\n</tool_call>")
-    p = parse_action(coder, TOOLS)
+    p = parse_action(coder, TOOLS, formats=("hermes", "seed_oss"))
     assert p.arguments == {"query": "3 < 4 and {x}", "tags": ["a", "b"], "exact": True}
     p = parse_action("<seed:tool_call><function=finish><parameter=answer>5</parameter>"
-                     "</function></seed:tool_call>", TOOLS)
+                     "</function></seed:tool_call>", TOOLS, formats=ALL)
     assert (p.kind, p.arguments) == ("answer", {"answer": 5})
-    assert "wrong type" in err("<seed:tool_call><function=compare><parameter=i>two</parameter>"
+    assert "wrong type" in err_all("<seed:tool_call><function=compare><parameter=i>two</parameter>"
                                "<parameter=j>1</parameter></function></seed:tool_call>")
-    assert "missing required argument" in err(
+    assert "missing required argument" in err_all(
         "<seed:tool_call><function=compare><parameter=i>1</parameter></function></seed:tool_call>")
-    assert "unknown tool" in err("<seed:tool_call><function=rm></function></seed:tool_call>")
-    assert "unterminated <function" in err("<seed:tool_call><function=compare></seed:tool_call>")
-    assert "unterminated <parameter" in err(
+    assert "unknown tool" in err_all("<seed:tool_call><function=rm></function></seed:tool_call>")
+    assert "unterminated <function" in err_all("<seed:tool_call><function=compare></seed:tool_call>")
+    assert "unterminated <parameter" in err_all(
         "<tool_call><function=compare><parameter=i>1</function></tool_call>")
     # hostile: many unterminated parameters stay linear-time
     t0 = time.perf_counter()
     big = "<tool_call><function=search>" + "<parameter=q>" * 1500 + "</function></tool_call>"
-    assert "unterminated <parameter" in err(big)
+    assert "unterminated <parameter" in err_all(big)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_parameters_key_only_under_llama3_json():
+    """A Hermes call keeps reading "arguments" only (a tiny policy that writes "parameters"
+    gets the error it always got); llama3_json reads "parameters"."""
+    text = '<tool_call>{"name": "compare", "parameters": {"i": 1, "j": 2}}</tool_call>'
+    assert "missing required argument" in err(text)
+    assert parse_action(text, TOOLS, formats=("hermes", "llama3_json")).arguments == {"i": 1, "j": 2}

@@ -52,10 +52,23 @@ def _table(text):
     return rows
 
 
+# how far a figure of the Quickstart table may be from the README's on another CPU (the run
+# is deterministic on one CPU; another CPU's floating-point rounding samples other tokens):
+# about 1.5x the largest difference seen between two 2-core machines (README, Quickstart)
+QUICK_TOLERANCE = {"success_rate": 0.2, "overlong_rate": 0.15, "summary_state_share": 0.15,
+                   "summaries_mean": 0.6, "tool_calls_mean": 1.5}
+
+
+def _close(metric, got, want) -> bool:
+    tol = QUICK_TOLERANCE.get(metric)
+    return abs(got - want) <= (tol if tol is not None else 0.3 * abs(want))
+
+
 def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     """`supo-jax train`, exactly as the Quickstart shows it, from an empty directory (about
     4 minutes on 2 cores: SFT, 30 SUPO steps, four evals, export): the table it ends with is
-    the README's, figure for figure (the run is deterministic on a CPU)."""
+    the README's, each figure within QUICK_TOLERANCE of the README's, and it shows what the
+    README says of it (success up by more than 0.3, overlong down, state share up)."""
     import subprocess
 
     cmd = re.search(r"\n\n    (supo-jax train)\n\n", QUICK).group(1)
@@ -64,8 +77,13 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     want = _table(QUICK)
     assert set(want) >= {"success_rate", "overlong_rate", "summary_state_share"}
-    got = _table(r.stdout)
-    assert {k: got.get(k) for k in want} == want, r.stdout[-3000:]
+    got = {k: [float(x) for x in v] for k, v in _table(r.stdout).items()}
+    far = [(k, i, got[k][i], float(w)) for k, ws in want.items() for i, w in enumerate(ws)
+           if not _close(k, got[k][i], float(w))]
+    assert not far, (far, r.stdout[-3000:])
+    assert got["success_rate"][3] - got["success_rate"][0] > 0.3, r.stdout[-3000:]
+    assert got["overlong_rate"][3] < got["overlong_rate"][0], r.stdout[-3000:]
+    assert got["summary_state_share"][3] > got["summary_state_share"][0], r.stdout[-3000:]
     assert (tmp_path / "runs" / "default" / "hf" / "config.json").exists()
 
 

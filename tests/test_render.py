@@ -99,3 +99,22 @@ def test_summarizer_can_see_dropped_pair(fmt):
     assert st.pending[:len(st.tokens)] == st.tokens
     # the summary request + a full summary fit W
     assert len(st.pending) + len(fmt.gen_prompt) + cfg.max_summary_tokens <= cfg.working_context
+
+
+def test_a_template_that_drops_tools_is_noticed(fmt, capsys):
+    """SmolLM2's template ignores `tools`: every command says so at start (check_prompt_fits)
+    instead of running a policy that was never told the tools."""
+    from supo_jax.config import load_config
+    from supo_jax.rl.runs import check_prompt_fits
+    assert fmt.renders_tools
+    cfg = load_config(None, ["context.working_context=4096"])
+    check_prompt_fits(cfg, fmt)
+    assert "does not render the tools" not in capsys.readouterr().out
+    tok = tiny_tokenizer()
+    tok.chat_template = ("{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + "
+                         "m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+                         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    bare = ChatFormat(tok)
+    assert not bare.renders_tools
+    check_prompt_fits(cfg, bare)
+    assert "does not render the tools" in capsys.readouterr().out

@@ -311,3 +311,49 @@ def test_count_needs_summaries_at_W(fmt):
                         ContextConfig("full", **cfg), rows=4)
     assert all(r.reward == 1.0 for r in sup) and min(r.counters["summaries"] for r in sup) >= 1
     assert all(r.reason == "context_limit" for r in full)
+
+
+_BASE_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m.tool_calls %}{%- for tc in m.tool_calls %}CALL{%- endfor %}"
+    "{%- else %}{{- m['content'] }}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+_CALLS = {   # how a family's chat template writes an assistant's tool call tc
+    "llama3_json": "{{- '{\"name\": \"' + tc.function.name + '\", \"parameters\": ' + "
+                   "(tc.function.arguments | tojson) + '}' }}",
+    "mistral": "{{- '[TOOL_CALLS] [' + ({'name': tc.function.name, 'arguments': "
+               "tc.function.arguments, 'id': tc.id} | tojson) + ']' }}",
+    "seed_oss": "{{- '<seed:tool_call>\\n<function=' + tc.function.name + '>\\n' }}"
+                "{%- for k, v in tc.function.arguments.items() %}{{- '<parameter=' + k + '>' + "
+                "(v | string) + '</parameter>\\n' }}{%- endfor %}"
+                "{{- '</function>\\n</seed:tool_call>' }}",
+}
+_ACTIONS = {"llama3_json": '{"name": "finish", "parameters": {"answer": 3}}',
+            "mistral": '[TOOL_CALLS] [{"name": "finish", "arguments": {"answer": 3}}]',
+            "seed_oss": "<seed:tool_call>\n<function=finish>\n<parameter=answer>3</parameter>\n"
+                        "</function>\n</seed:tool_call>"}
+
+
+@pytest.mark.parametrize("form", sorted(_CALLS))
+def test_a_chat_templates_own_tool_call_form_is_read(form):
+    """The rollout loop reads actions in the form the policy's chat template writes tool
+    calls in (seen on a probe call); the same text under a Hermes-only template is an error."""
+    from supo_jax.sampling.sampler import Generation
+
+    class Say:
+        def __init__(self, fmt, text):
+            self.ids = fmt.encode(text) + [fmt.stop_id]
+
+        def act(self, reqs):
+            return [Generation(list(self.ids), [0.0] * len(self.ids)) for _ in reqs]
+
+    tok = tiny_tokenizer()
+    tok.chat_template = _BASE_TEMPLATE.replace("CALL", _CALLS[form])
+    native, hermes = ChatFormat(tok), ChatFormat(tiny_tokenizer())
+    assert native.call_formats == ("hermes", form) and hermes.call_formats == ("hermes",)
+    cfg = ContextConfig("supo", 2048, max_steps=2, max_summaries=0)
+    tasks = make_tasks("fncall/tallest", "train", 1, seed=0, size=5)
+    for f, reason in ((native, "answer"), (hermes, "max_steps")):
+        ro = run_rollouts(Say(f, _ACTIONS[form]), lambda: make_env("fncall/tallest"), tasks, f,
+                          cfg, rows=1)
+        assert ro[0].reason == reason, (form, f.call_formats, ro[0].transcript[-1])

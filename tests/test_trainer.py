@@ -315,3 +315,33 @@ def test_a_step_that_trains_nothing_says_why_once(monkeypatch):
     monkeypatch.setattr(trainer, "_REPORTED_UNTRAINED", [])
     trainer.report_untrained({"step": 5, "updates": 0, "success_rate": 0.5}, said.append)
     assert "every rollout scored alike" in said[-1]
+
+
+@pytest.mark.parametrize("family", ["smollm3", "seed_oss"])
+def test_new_model_families_train_and_export(family, tmp_path):
+    """A tiny policy of a newly supported family (SmolLM3: its fourth layer without rotary
+    embedding; Seed-OSS: q/k/v bias) goes the whole way: SFT warm start, a SUPO step
+    (KV-cache rollouts, the jitted loss), and an export that transformers loads with the
+    trained weights' logits."""
+    import torch
+    import transformers
+
+    from supo_jax import load_policy
+    from supo_jax.config import load_config
+    from supo_jax.rl.trainer import train
+
+    cfg = load_config(CONFIG, SETS[1:] + ["train.steps=1", "train.eval_every=0",
+                                          f"model.tiny_family={family}", "model.tiny_layers=4",
+                                          f"train.run_dir={tmp_path}"])
+    train(cfg)
+    rows = [r for r in _metrics(str(tmp_path)) if r.get("loss") is not None]
+    assert [r["step"] for r in rows] == [1] and math.isfinite(rows[0]["loss"])
+    hf = os.path.join(str(tmp_path), "hf")
+    ours = load_policy(hf)
+    assert ours.config.model_type == family
+    assert (ours.config.rope_layers == (1, 1, 1, 0)) == (family == "smollm3")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    ids = np.random.RandomState(0).randint(0, ours.config.vocab_size, (2, 24))
+    with torch.no_grad():
+        want = ref(torch.as_tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(ours.logits(ids)) - want).max() < 1e-4

@@ -54,6 +54,45 @@ class ChatFormat:
             raise ValueError("chat template's generation prompt is not an append-only suffix")
         self.gen_prompt = self.encode(opened[len(closed):])
 
+    _PROBE = [{"type": "function", "function": {
+        "name": "supo_probe_tool", "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the chat template puts `tools` into the prompt (SmolLM2's, for one, drops
+        them: its policy is told of the tools only by what the task prompt says)."""
+        try:
+            return "supo_probe_tool" in self._render([{"role": "user", "content": "U"}],
+                                                     tools=self._PROBE)
+        except Exception:   # noqa: BLE001  (a template that rejects tools renders none)
+            return False
+
+    @functools.cached_property
+    def call_formats(self) -> tuple[str, ...]:
+        """The tool-call forms an action is read in (supo_jax.text.parsing.CALL_FORMATS):
+        Hermes always, and the form this chat template writes an assistant's tool call in
+        (Seed-OSS tags, Mistral's [TOOL_CALLS], Llama 3.x's bare JSON with "parameters"), as
+        rendered on a probe call."""
+        call = {"role": "assistant", "content": "", "tool_calls": [{
+            "id": "abcdefghi", "type": "function",   # Mistral's templates want 9-character ids
+            "function": {"name": "supo_probe_tool", "arguments": {"x": 1}}}]}
+        user = [{"role": "user", "content": "U"}]
+        try:   # the assistant turn alone: what the template adds after the user turn
+            base = self._render(user, tools=self._PROBE)
+            text = self._render(user + [call], tools=self._PROBE)
+        except Exception:   # noqa: BLE001  (a template without tool calls: Hermes only)
+            return ("hermes",)
+        text = text[len(base):] if text.startswith(base) else ""
+        found = ["hermes"]
+        if "<seed:tool_call>" in text or "<function=supo_probe_tool>" in text:
+            found.append("seed_oss")
+        if '"parameters"' in text and "<tool_call>" not in text:
+            found.append("llama3_json")
+        if "[TOOL_CALLS]" in text:
+            found.append("mistral")
+        return tuple(found)
+
     def _render(self, messages, gen=False, tools=None) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                   add_generation_prompt=gen)

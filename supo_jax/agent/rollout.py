@@ -206,6 +206,8 @@ class _Driver:
             task, gi, s = self.queue.pop()
             slot = self.free.pop()
             env = self.make_env()
+            if self.fmt.call_formats != ("hermes",):   # the template's own call forms
+                env.call_formats = self.fmt.call_formats
             starts.append((slot, task, gi, s, env, self.pool.submit(env.reset, task)))
         for slot, task, gi, s, env, fut in starts:
             try:

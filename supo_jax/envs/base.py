@@ -77,6 +77,9 @@ class Environment(abc.ABC):
     answer_tool: str = "finish"
     max_calls_per_step: int = 1
     tools: tuple[ToolSpec, ...] = ()
+    # the call forms act() reads (supo_jax.text.parsing.CALL_FORMATS); the rollout loop sets
+    # those of the policy's chat template
+    call_formats: tuple[str, ...] = ("hermes",)
 
     @abc.abstractmethod
     def reset(self, task: dict) -> Reset:
@@ -95,7 +98,8 @@ class Environment(abc.ABC):
         UTF-8-safe (lone surrogates echoed from model text are replaced).
         """
         parsed = parse_action(text, {t.name: t.parameters for t in self.tools},
-                              self.answer_tool, self.max_calls_per_step)
+                              self.answer_tool, self.max_calls_per_step,
+                              formats=self.call_formats)
         if parsed.kind == "error":
             return error_result(parsed.error)
         results = []

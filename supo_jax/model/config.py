@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,55 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 # transformers' class defaults where a config.json leaves the field out
 _DEFAULT_BIAS = {"qwen2": True, "seed_oss": True}       # q/k/v bias (attention_bias)
 _DEFAULT_TIED = {"smollm3": True}                         # tie_word_embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequency scaling, as transformers' rope_scaling / rope_parameters name it:
+    "llama3" (Llama 3.1+), "yarn" (Qwen2.5 / Qwen3 beyond 32K; cos and sin scaled by
+    attention_factor) or "linear" (positions divided by factor)."""
+    kind: str
+    factor: float
+    original_max_position_embeddings: int = 0
+    low_freq_factor: float = 1.0      # llama3
+    high_freq_factor: float = 4.0     # llama3
+    beta_fast: float = 32.0           # yarn
+    beta_slow: float = 1.0            # yarn
+    attention_factor: float = 1.0     # yarn
+    truncate: bool = True             # yarn
+
+    @classmethod
+    def from_hf(cls, rope: dict, max_positions: int) -> "RopeScaling":
+        kind = rope.get("rope_type", rope.get("type"))
+        orig = int(rope.get("original_max_position_embeddings") or max_positions)
+        if kind == "llama3":
+            return cls("llama3", float(rope["factor"]), orig, float(rope["low_freq_factor"]),
+                       float(rope["high_freq_factor"]))
+        if kind == "linear":
+            return cls("linear", float(rope["factor"]))
+        if kind == "yarn":
+            factor = float(rope.get("factor") or max_positions / orig)
+            att = rope.get("attention_factor")
+            if att is None:   # YaRN's 0.1 ln(s) + 1, or the ratio of two such with mscale(s)
+                ms = lambda m: 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+                m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+                att = ms(m) / ms(m_all) if m and m_all else ms(1.0)
+            return cls("yarn", factor, orig, beta_fast=float(rope.get("beta_fast") or 32),
+                       beta_slow=float(rope.get("beta_slow") or 1), attention_factor=float(att),
+                       truncate=bool(rope.get("truncate", True)))
+        raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
+                         "(supported: default, llama3, yarn, linear)")
+
+    def to_hf(self) -> dict:
+        out = {"rope_type": self.kind, "factor": self.factor}
+        if self.kind == "llama3":
+            out.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor,
+                       original_max_position_embeddings=self.original_max_position_embeddings)
+        elif self.kind == "yarn":
+            out.update(original_max_position_embeddings=self.original_max_position_embeddings,
+                       beta_fast=self.beta_fast, beta_slow=self.beta_slow,
+                       attention_factor=self.attention_factor, truncate=self.truncate)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +86,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    # llama3 rope scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
-    rope_llama3: tuple[float, float, float, int] | None = None
+    rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False
     qk_norm: bool = False
     tie_embeddings: bool = False
@@ -87,16 +136,13 @@ class ModelConfig:
         theta = hf.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         if rope is None and rope_params.get("rope_type", "default") not in ("default", None):
             rope = rope_params
-        llama3 = None
-        if rope is not None:
-            kind = rope.get("rope_type", rope.get("type"))
-            if kind == "llama3":
-                llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
-                          float(rope["high_freq_factor"]),
-                          int(rope["original_max_position_embeddings"]))
-            elif kind not in ("default", None):
-                raise ValueError(f"config.json rope_scaling type {kind!r} is not supported "
-                                 "(supported: default, llama3)")
+        scaling = None
+        max_positions = int(hf.get("max_position_embeddings", 32768))
+        if rope is not None and rope.get("rope_type", rope.get("type")) not in ("default", None):
+            try:
+                scaling = RopeScaling.from_hf(rope, max_positions)
+            except KeyError as e:
+                raise ValueError(f"config.json rope_scaling lacks {e.args[0]!r}") from None
         eos = hf.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
         if mt == "qwen2":
@@ -123,12 +169,12 @@ class ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            rope_llama3=llama3,
+            rope_scaling=scaling,
             qkv_bias=bias,
             qk_norm=(mt == "qwen3"),
             tie_embeddings=bool(hf.get("tie_word_embeddings", _DEFAULT_TIED.get(mt, False))),
             rope_layers=rope_layers,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            max_position_embeddings=max_positions,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos,
             hf_config=dict(hf),
@@ -156,11 +202,8 @@ class ModelConfig:
         else:
             out = {"architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
                    "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
-            if self.rope_llama3:
-                f, lo, hi, orig = self.rope_llama3
-                out["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
-                                       "high_freq_factor": hi,
-                                       "original_max_position_embeddings": orig}
+            if self.rope_scaling:
+                out["rope_scaling"] = self.rope_scaling.to_hf()
         out.update({
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,

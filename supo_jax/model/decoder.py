@@ -2,7 +2,7 @@
 and SmolLM3 families (supo_jax.model.config).
 
 Read top to bottom: the KV cache (write / read one layer's slots), RMSNorm, rotary
-embedding (with llama3 scaling), the block as plain functions (project_qkv: grouped
+embedding (with llama3 / yarn / linear scaling), the block as plain functions (project_qkv: grouped
 query projections with optional q/k/v bias and q/k RMSNorm; attend; block: attention
 plus SwiGLU MLP) over a Frame of what all blocks of one forward share, and the stack.
 Layer weights are stored stacked along a leading layer axis and the stack runs as one
@@ -124,18 +124,42 @@ def rms_norm(x, weight, eps):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Rotary inverse frequencies [D/2] in float32, with llama3 frequency scaling."""
-    d = cfg.head_dim
+    """Rotary inverse frequencies [D/2] in float32, with the config's frequency scaling
+    (llama3: per-wavelength; yarn: NTK-by-parts between interpolation and extrapolation;
+    linear: all divided by the factor)."""
+    d, sc = cfg.head_dim, cfg.rope_scaling
     inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
-    if cfg.rope_llama3 is None:
+    if sc is None:
         return inv
-    factor, lo, hi, orig = cfg.rope_llama3
+    if sc.kind == "linear":
+        return (inv / np.float32(sc.factor)).astype(np.float32)
+    if sc.kind == "yarn":
+        # dimension that makes `rotations` turns over the original context, per YaRN
+        dim_at = lambda rotations: d * math.log(sc.original_max_position_embeddings
+                                                / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+        lo, hi = dim_at(sc.beta_fast), dim_at(sc.beta_slow)
+        if sc.truncate:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        ramp = np.clip((np.arange(d // 2, dtype=np.float32) - lo) / ((hi - lo) or 0.001), 0, 1)
+        keep = 1 - ramp        # 1: high-frequency dims keep their frequency (extrapolate)
+        return (inv / np.float32(sc.factor) * (1 - keep) + inv * keep).astype(np.float32)
+    factor, lo, hi, orig = (sc.factor, sc.low_freq_factor, sc.high_freq_factor,
+                            sc.original_max_position_embeddings)
     wavelen = 2 * math.pi / inv
     scaled = np.where(wavelen > orig / lo, inv / factor, inv)
     smooth = (orig / wavelen - lo) / (hi - lo)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
     return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(emb, cfg: ModelConfig, dtype) -> tuple:
+    """cos and sin of rotary angles `emb`, times YaRN's attention factor, in `dtype`."""
+    scale = cfg.rope_scaling.attention_factor if cfg.rope_scaling is not None else 1.0
+    if scale == 1.0:
+        return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
 
 
 def rope_angles(positions, inv_freq):
@@ -313,7 +337,7 @@ class Decoder(nnx.Module):
         `rope_table=`. Computed inside each step, XLA fuses the cos / sin into every
         layer's rotation of q and k and evaluates them per head and per layer."""
         emb = rope_angles(jnp.arange(n), jnp.asarray(rope_inv_freq(self.cfg)))
-        return jnp.cos(emb).astype(self.dtype), jnp.sin(emb).astype(self.dtype)
+        return rope_cos_sin(emb, self.cfg, self.dtype)
 
     def matmul_precision(self):
         """The lax.Precision of every matmul (see the class docstring), None = default."""
@@ -419,7 +443,7 @@ class Decoder(nnx.Module):
                         for a in rope_table)
         else:
             emb = rope_angles(positions, jnp.asarray(rope_inv_freq(self.cfg)))[:, :, None, :]
-            cos, sin = jnp.cos(emb).astype(dt), jnp.sin(emb).astype(dt)
+            cos, sin = rope_cos_sin(emb, self.cfg, dt)
         span, mask = 0, None
         if cache is not None:
             span = attend_len or cache.max_len

@@ -119,7 +119,7 @@ def tiny_tokenizer(out_dir: str | None = None, vocab_size: int = 512, extra_corp
 
 def tiny_config(family: str = "qwen2", vocab_size: int = 528, *, hidden: int = 64,
                 layers: int = 2, heads: int = 4, kv_heads: int = 2, mlp: int = 128,
-                tie: bool | None = None) -> ModelConfig:
+                tie: bool | None = None, rope_scaling: dict | None = None) -> ModelConfig:
     """A small config of a supported family ('qwen2', 'qwen3', 'llama3', 'smollm', 'mistral',
     'seed_oss', 'smollm3': every fourth layer without rotary embedding)."""
     base = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=mlp,
@@ -157,4 +157,6 @@ def tiny_config(family: str = "qwen2", vocab_size: int = 528, *, hidden: int = 6
     else:
         raise ValueError(f"unknown tiny family {family!r} "
                          "(qwen2, qwen3, llama3, smollm, mistral, seed_oss, smollm3)")
+    if rope_scaling is not None:    # e.g. {"rope_type": "yarn", "factor": 4.0, ...}
+        hf["rope_scaling"] = rope_scaling
     return ModelConfig.from_hf_dict(hf)

@@ -138,12 +138,19 @@ def model_fingerprint(policy: Policy) -> str:
 
 def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> None:
     """Fail at start (a ValueError naming context.working_context) when the first task's
-    initial prompt, rendered with the policy's tokenizer, does not fit the working context."""
+    initial prompt, rendered with the policy's tokenizer, does not fit the working context;
+    say so when the chat template leaves the environment's tools out of the prompt."""
     from supo_jax.envs import make_env, make_tasks
 
     knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
     task = make_tasks(cfg.env.name, split, 1, seed=cfg.env.seed, **knobs)[0]
-    start_state(fmt, cfg.context, make_env(cfg.env.name).reset(task))
+    rs = make_env(cfg.env.name).reset(task)
+    start_state(fmt, cfg.context, rs)
+    if rs.tools and not fmt.renders_tools:
+        print("note: the model's chat template does not render the tools, so the policy is not "
+              "told their names, arguments or call format beyond what the task prompt says; "
+              "warm-start it on demonstrations (sft) or describe the tools in the environment's "
+              "system message")
 
 
 def row_len(cfg: C.Config, fmt: ChatFormat) -> int:

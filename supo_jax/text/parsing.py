@@ -6,12 +6,13 @@ An action is free text holding tool calls of the form
     {"name": "compare", "arguments": {"i": 3, "j": 7}}
     </tool_call>
 
-(whitespace around the JSON is allowed). The forms other supported families' chat
-templates ask for are read too: Seed-OSS's `<seed:tool_call><function=NAME>
-<parameter=KEY>VALUE</parameter></function></seed:tool_call>` (the same body inside
-<tool_call> is Qwen3-Coder's; values are typed by the tool's schema) and, without a
-tag, Mistral's `[TOOL_CALLS] [{"name": ..., "arguments": {...}}]` and Llama 3.x's
-action that is one JSON object `{"name": ..., "parameters": {...}}`. The call whose name is the answer tool
+(whitespace around the JSON is allowed). Where the policy's chat template writes its
+calls in another form, `formats` (CALL_FORMATS) adds it: "seed_oss"
+`<seed:tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></seed:tool_call>`
+(values typed by the tool's schema; such a body in <tool_call> too, as Qwen3-Coder writes
+it), and, without a tag, "mistral" `[TOOL_CALLS] [{"name": ..., "arguments": {...}}]` and
+"llama3_json", an action that is one JSON object `{"name": ..., "parameters": {...}}`.
+The call whose name is the answer tool
 ("finish" by default) ends the episode. `parse_action` never raises and never
 slows down on hostile input: every failure is a ParsedAction(kind="error") whose
 message tells the model what to fix, quoting at most QUOTE_CHARS of its text.
@@ -26,8 +27,12 @@ from dataclasses import dataclass
 MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
 MAX_JSON_DEPTH = 32         # deeper nesting of arrays/objects is rejected
 QUOTE_CHARS = 100           # most model text an error message repeats
-_TAG = re.compile(r"<(/?)(?:seed:)?tool_call>")
+_TAG = re.compile(r"<(/?)tool_call>")
+_SEED_TAG = re.compile(r"<(/?)(?:seed:)?tool_call>")
 _MISTRAL_TAG, _PYTHON_TAG = "[TOOL_CALLS]", "<|python_tag|>"
+# the call forms parse_action reads: "hermes" always; the others where the policy's chat
+# template writes its calls so (supo_jax.agent.render.ChatFormat.call_formats)
+CALL_FORMATS = ("hermes", "seed_oss", "llama3_json", "mistral")
 _SUMMARY_CLOSE, _SUMMARY_OPEN = "</summary>", "<summary>"
 _HINT = 'write it as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
@@ -171,16 +176,16 @@ def _function_call(body: str, tools: dict[str, dict]):
     return {"name": name, "arguments": args}, None
 
 
-def _load_call(body: str, tools: dict[str, dict]):
-    """A tag's body: a JSON call object, or a <function=...> call."""
-    if body.lstrip().startswith("<function="):
+def _load_call(body: str, tools: dict[str, dict], formats):
+    """A tag's body: a JSON call object, or (seed_oss) a <function=...> call."""
+    if "seed_oss" in formats and body.lstrip().startswith("<function="):
         return _function_call(body, tools)
     return _load_json(body)
 
 
-def _check_call(obj, tools: dict[str, dict]) -> tuple[str, dict] | str:
+def _check_call(obj, tools: dict[str, dict], formats=("hermes",)) -> tuple[str, dict] | str:
     """One parsed call object -> (name, arguments), or an error message. The arguments are
-    "arguments" (Hermes, Mistral) or "parameters" (Llama 3.x)."""
+    "arguments" (Hermes, Mistral), or under llama3_json "parameters" where that is absent."""
     if not isinstance(obj, dict):
         return f"the tool call must be a JSON object, got {_JSON_NAME.get(type(obj), 'value')}"
     if "name" not in obj:
@@ -190,7 +195,8 @@ def _check_call(obj, tools: dict[str, dict]) -> tuple[str, dict] | str:
         return '"name" must be a string'
     if name not in tools:
         return f"unknown tool {quote(name)}; valid tools: {', '.join(sorted(tools))}"
-    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
+    key = "parameters" if "llama3_json" in formats and "arguments" not in obj else "arguments"
+    args = obj.get(key, {})
     if not isinstance(args, dict):
         got = _JSON_NAME.get(type(args), "value")
         return f'"arguments" of {name} must be a JSON object, got {got}'
@@ -198,18 +204,20 @@ def _check_call(obj, tools: dict[str, dict]) -> tuple[str, dict] | str:
     return err if err is not None else (name, args)
 
 
-def _native_calls(text: str) -> list | str | None:
-    """Calls written in the formats other chat templates ask for, when there is no <tool_call>
-    tag: Mistral's '[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]' and Llama 3.x's
-    action that is one JSON object '{"name": ..., "parameters": {...}}' (after an optional
-    <|python_tag|>). A list of call objects, an error message, or None (no such call)."""
+def _native_calls(text: str, formats) -> list | str | None:
+    """Calls without a tag, in the forms `formats` allow: Mistral's '[TOOL_CALLS] [{"name":
+    ..., "arguments": {...}}, ...]' and Llama 3.x's action that is one JSON object
+    '{"name": ..., "parameters": {...}}' (after an optional <|python_tag|>). A list of call
+    objects, an error message, or None (no such call)."""
     s = text.strip()
-    if s.startswith(_PYTHON_TAG):
-        s = s[len(_PYTHON_TAG):].strip()
-    at = s.find(_MISTRAL_TAG)
+    at = s.find(_MISTRAL_TAG) if "mistral" in formats else -1
     if at >= 0:
         obj, err = _load_json(s[at + len(_MISTRAL_TAG):].strip())
         return err or (obj if isinstance(obj, list) else [obj])
+    if "llama3_json" not in formats:
+        return None
+    if s.startswith(_PYTHON_TAG):
+        s = s[len(_PYTHON_TAG):].strip()
     if s.startswith("{") and s.endswith("}"):
         obj, err = _load_json(s)
         if err is None and isinstance(obj, dict) and "name" in obj:
@@ -218,11 +226,13 @@ def _native_calls(text: str) -> list | str | None:
 
 
 def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
-                 max_calls: int = 1, max_chars: int = MAX_ACTION_CHARS) -> ParsedAction:
+                 max_calls: int = 1, max_chars: int = MAX_ACTION_CHARS,
+                 formats=("hermes",)) -> ParsedAction:
     """Parse one model action.
 
     tools: tool name -> JSON-schema "parameters" object ({"type": "object", "properties":
     ..., "required": [...]}); extra arguments are rejected unless additionalProperties.
+    formats: the call forms read besides Hermes tags (module docstring).
     Returns kind="answer" when the last call is `answer_tool` (which must be in `tools`),
     kind="call" otherwise, or kind="error" with a message for the model.
     """
@@ -231,7 +241,7 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
     if len(text) > max_chars:
         return _error(f"the action is too long ({len(text)} characters; limit {max_chars})")
     bodies, start = [], None
-    for m in _TAG.finditer(text):
+    for m in (_SEED_TAG if "seed_oss" in formats else _TAG).finditer(text):
         if not m.group(1):
             if start is not None:
                 return _error("nested <tool_call> tag: close each call with </tool_call> "
@@ -244,7 +254,7 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
             start = None
     if start is not None:
         return _error("unterminated <tool_call>: the call must end with </tool_call>")
-    found = bodies or _native_calls(text)
+    found = bodies or _native_calls(text, formats)
     if isinstance(found, str):
         return _error(found)
     if not found:
@@ -253,8 +263,8 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
         return _error(f"too many tool calls ({len(found)}); make at most {max_calls} per turn")
     calls = []
     for call in found:
-        obj, err = _load_call(call, tools) if bodies else (call, None)
-        parsed = err or _check_call(obj, tools)
+        obj, err = _load_call(call, tools, formats) if bodies else (call, None)
+        parsed = err or _check_call(obj, tools, formats)
         if isinstance(parsed, str):
             return _error(parsed)
         calls.append(parsed)
