@@ -352,8 +352,9 @@ def test_a_chat_templates_own_tool_call_form_is_read(form):
     native, hermes = ChatFormat(tok), ChatFormat(tiny_tokenizer())
     assert native.call_formats == ("hermes", form) and hermes.call_formats == ("hermes",)
     cfg = ContextConfig("supo", 2048, max_steps=2, max_summaries=0)
-    tasks = make_tasks("fncall/tallest", "train", 1, seed=0, size=5)
-    for f, reason in ((native, "answer"), (hermes, "max_steps")):
-        ro = run_rollouts(Say(f, _ACTIONS[form]), lambda: make_env("fncall/tallest"), tasks, f,
-                          cfg, rows=1)
-        assert ro[0].reason == reason, (form, f.call_formats, ro[0].transcript[-1])
+    for name in ("fncall/tallest", "fncall"):    # the mixture hands them to its family's env
+        tasks = make_tasks(name, "train", 1, seed=0)
+        for f, reason in ((native, "answer"), (hermes, "max_steps")):
+            ro = run_rollouts(Say(f, _ACTIONS[form]), lambda: make_env(name), tasks, f, cfg,
+                              rows=1)
+            assert ro[0].reason == reason, (name, form, f.call_formats, ro[0].transcript[-1])

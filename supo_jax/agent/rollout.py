@@ -206,7 +206,7 @@ class _Driver:
             task, gi, s = self.queue.pop()
             slot = self.free.pop()
             env = self.make_env()
-            if self.fmt.call_formats != ("hermes",):   # the template's own call forms
+            if hasattr(env, "call_formats"):   # Environment: read the template's call forms
                 env.call_formats = self.fmt.call_formats
             starts.append((slot, task, gi, s, env, self.pool.submit(env.reset, task)))
         for slot, task, gi, s, env, fut in starts:

@@ -653,6 +653,7 @@ class Fncall(Environment):
         if task.get("family") not in FAMILY_ENVS:
             raise ValueError(f"unknown fncall family {task.get('family')!r}")
         self._env = FAMILY_ENVS[task["family"]]()
+        self._env.call_formats = self.call_formats   # the policy's call forms (set on this env)
         return self._env.reset(task)
 
     def _require(self) -> FncallEnv:
