@@ -254,6 +254,12 @@ def open_run(cfg: C.Config) -> Run:
     """Set up (or reopen) the run directory: mesh, policy, the run-directory and resume
     checks, config.json, the optimizer; then restore the latest checkpoint, or on a new
     run warm-start the tiny policy by SFT and checkpoint it as step 0."""
+    from supo_jax.envs.datasets import builder_class
+
+    # import tensorflow_datasets before any checkpoint is saved: its import patches Python's
+    # import hook for the duration (etils lazy_imports), and an Orbax save thread importing
+    # meanwhile got a LazyModule ('LazyModule' object is not callable in humanize)
+    builder_class()
     run_dir = cfg.train.run_dir
     os.makedirs(run_dir, exist_ok=True)
     mesh = make_run_mesh(cfg)
