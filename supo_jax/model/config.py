@@ -21,7 +21,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "seed_oss": "SeedOssForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 # transformers' class defaults where a config.json leaves the field out
-_DEFAULT_BIAS = {"qwen2": True, "seed_oss": True}       # q/k/v bias (attention_bias)
+_DEFAULT_BIAS = {"seed_oss": True}       # q/k/v bias (attention_bias; qwen2 always has it)
 _DEFAULT_TIED = {"smollm3": True}                         # tie_word_embeddings
 
 
