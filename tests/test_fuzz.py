@@ -293,8 +293,9 @@ def test_fuzz_all_envs(no_side_effects):
             t0 = time.perf_counter()
             parsed = parse_action(text, tools, env.answer_tool, env.max_calls_per_step)
             res = env.act(text)
-            if time.perf_counter() - t0 > slowest:
-                slowest, slow_case = time.perf_counter() - t0, (name, task, text)
+            dt = time.perf_counter() - t0
+            if dt > slowest:
+                slowest, slow_case = dt, (name, task, text)
             obs = res.observation
             assert isinstance(obs, str) and isinstance(res.info, dict)
             obs.encode("utf-8")  # valid text for the tokenizer
