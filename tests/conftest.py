@@ -12,6 +12,16 @@ tests that need the 8 CPU devices pinned to the CPU, and a persistent compile ca
   GPU-only code paths by jax.default_backend()) they run together in one pytest
   subprocess with JAX_PLATFORMS=cpu, and each reports here the outcome it had there
   (SUPO_JAX_TESTS_DELEGATE_CPU=1 does that on a CPU machine too: tests/test_platforms.py).
+- Under pytest-xdist (`-n 2`) with no more usable cores than workers, each worker and the
+  processes its tests start run on a core of their own (SUPO_JAX_TESTS_PIN=0: not pinned):
+  two JAX processes on the same 2 cores each run XLA thread pools sized for both and contend.
+  Two 10-step `supo-jax train` runs side by side took 279 s unpinned and 249 s pinned
+  (2-core AMD EPYC, 2026-11-25).
+- Scheduling (pytest.ini: `--dist loadgroup --no-loadscope-reorder`): a module marked
+  `xdist_group` runs on one worker, so its module-scoped fixture (a training run, a model
+  build) is built once, not once per worker; the items of modules with a `long` item run
+  first, so that the minutes-long tests do not end the run on one worker while the other
+  worker, done, leaves its core idle.
 """
 import os
 import re
@@ -21,6 +31,22 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 import pytest
+
+
+def _pin_xdist_worker():
+    """Pin this pytest-xdist worker to one usable core when the workers are at least as many as
+    the cores (before JAX sizes its thread pools; child processes inherit the affinity)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if (not worker.startswith("gw") or os.environ.get("SUPO_JAX_TESTS_PIN") == "0"
+            or not hasattr(os, "sched_setaffinity")):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1 and count >= len(cpus):
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_pin_xdist_worker()
 
 CPU_DEVICES = 8
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -45,12 +71,18 @@ _DELEGATE = "SUPO_JAX_TESTS_DELEGATE_CPU"  # "1": delegate even where the defaul
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "long: minutes of work; the items of its module are scheduled first")
+    config.addinivalue_line(
         "markers", f"cpu_devices: needs the {CPU_DEVICES} simulated CPU devices; where the "
         "default JAX platform is not the CPU it runs in a subprocess with JAX_PLATFORMS=cpu")
 
 
 @pytest.hookimpl(trylast=True)   # after -k / -m deselection: delegate only what will run
 def pytest_collection_modifyitems(session, config, items):
+    # the modules with a `long` item first; each module's items stay together and in order,
+    # so that its module-scoped fixtures are built once
+    long_modules = {item.module for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.module not in long_modules)   # a stable sort
     marked = [i for i, item in enumerate(items) if item.get_closest_marker("cpu_devices")]
     if not marked or os.environ.get(_CPU_CHILD):
         return

@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+# its module fixtures are built on one worker; its tests are scheduled first
+pytestmark = [pytest.mark.xdist_group("test_benchmarks"), pytest.mark.long]
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
 NAMES = ("rollout", "horizon", "train_step", "train_memory")

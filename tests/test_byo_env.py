@@ -215,6 +215,7 @@ def test_every_command_builds_the_same_tokenizer():
     assert a.get_vocab() == b.get_vocab() and len(a) > 600   # model.tiny_vocab (1024), not 512
 
 
+@pytest.mark.long
 def test_readme_train_command_verbatim(cards_dir):
     """The README's command, as written, from the directory holding my_envs/ (a few minutes:
     SFT on the expert's demonstrations, 30 SUPO steps, eval, export)."""

@@ -11,6 +11,8 @@ from supo_jax.cli import main
 from supo_jax.model.tiny import tiny_tokenizer
 from tests.helpers import make_hf_model
 
+pytestmark = pytest.mark.xdist_group("test_cli")   # module fixtures: built on one worker
+
 
 def test_generate_and_export(tmp_path):
     src = tmp_path / "m"

@@ -21,6 +21,9 @@ import supo_jax  # noqa: E402
 from supo_jax.model.smollm2 import smollm2_gguf_path  # noqa: E402
 from supo_jax.sampling.sampler import SamplingParams, generate  # noqa: E402
 
+# its module fixtures are built on one worker; its tests are scheduled first
+pytestmark = [pytest.mark.xdist_group("test_gguf_smollm2"), pytest.mark.long]
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # float32 noise floor on this prompt (30 layers, logits up to ~40): transformers
 # float32 vs float64 differs by 6e-5, supo_jax float32 vs float64 by 1e-4.

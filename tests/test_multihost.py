@@ -21,6 +21,9 @@ import pytest
 
 from tests.helpers import flat_params
 
+# its module fixtures are built on one worker; its tests are scheduled first
+pytestmark = [pytest.mark.xdist_group("test_multihost"), pytest.mark.long]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # no SFT; unmasked rows with an entropy bonus, so that the loss is non-zero and every

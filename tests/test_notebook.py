@@ -6,12 +6,14 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NB = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 
 
+@pytest.mark.long
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     nb = nbformat.read(NB, as_version=4)
     monkeypatch.setenv("SUPO_JAX_NOTEBOOK_TINY", "1")

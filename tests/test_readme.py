@@ -64,6 +64,7 @@ def _close(metric, got, want) -> bool:
     return abs(got - want) <= (tol if tol is not None else 0.3 * abs(want))
 
 
+@pytest.mark.long
 def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     """`supo-jax train`, exactly as the Quickstart shows it, from an empty directory (about
     4 minutes on 2 cores: SFT, 30 SUPO steps, four evals, export): the table it ends with is

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long
 def test_reproduce_cpu_quick(tmp_path):
     out = str(tmp_path / "repro")
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "reproduce_cpu.py"), "--out", out,

@@ -21,6 +21,9 @@ import supo_jax  # noqa: E402
 from supo_jax.model.smollm2 import smollm2_gguf_path  # noqa: E402
 from tests.helpers import flat_params  # noqa: E402
 
+# its module fixtures are built on one worker; its tests are scheduled first
+pytestmark = [pytest.mark.xdist_group("test_smollm2_smoke"), pytest.mark.long]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "smollm2_cpu_smoke.py")
 LOGIT_ATOL = 5e-4   # float32 noise over 30 layers (as in tests/test_gguf_smollm2.py)

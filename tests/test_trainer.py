@@ -14,6 +14,9 @@ import pytest
 
 from supo_jax.checkpoint import RunCheckpoints
 
+# its module fixtures are built on one worker; its tests are scheduled first
+pytestmark = [pytest.mark.xdist_group("test_trainer"), pytest.mark.long]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # rewards are all zero for an untrained tiny policy: train unmasked rows with an entropy
