@@ -255,12 +255,16 @@ def test_ctrl_c_is_one_line_with_a_resume_hint(monkeypatch, capsys, tmp_path):
     assert capsys.readouterr().err.strip().splitlines() == [hint.replace("train", "sweep")]
 
 
-def test_progress_is_plain_lines_when_not_a_terminal(capsys):
+def test_progress_is_plain_lines_when_not_a_terminal(capsys, monkeypatch):
     import io
+    import types
 
     from supo_jax.rl import metrics
     bar = metrics.progress_bar(3, "train", True)   # pytest's stderr is not a terminal
     assert isinstance(bar, metrics.LineProgress)
+    # a process that imported ipykernel (tests/test_notebook.py's nbclient) is no notebook
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert isinstance(metrics.progress_bar(3, "train", True), metrics.LineProgress)
     out = io.StringIO()
     bar = metrics.LineProgress(4, "rollouts 1", every=0.0, stream=out)
     bar.set_postfix(success="0.50", loss="0.012")

@@ -44,12 +44,20 @@ class LineProgress:
             self._line()
 
 
+def _in_notebook() -> bool:
+    """Running in a Jupyter kernel (ipykernel's shell is active), not merely a process that
+    imported ipykernel (e.g. one that ran a notebook through nbclient)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and hasattr(shell, "kernel")
+
+
 def progress_bar(total, desc, enabled, closing_line: bool = True):
     """A progress bar on a terminal or in a notebook, plain periodic lines otherwise (where a
     bar without `closing_line`, e.g. one step's rollouts, prints only if it runs long)."""
     if not enabled or not is_main():
         return None
-    if not sys.stderr.isatty() and "ipykernel" not in sys.modules:
+    if not sys.stderr.isatty() and not _in_notebook():
         return LineProgress(total, desc, closing_line=closing_line)
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
