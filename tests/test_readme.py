@@ -1,6 +1,7 @@
 """The README's Public API code blocks run as written, in order, on a tiny random policy
 (tests/test_byo_env.py runs the environment example and its train command; test_reproduce.py
 keeps the Results block; test_cli.py the commands' flags)."""
+import json
 import os
 import re
 
@@ -95,7 +96,10 @@ _BODY = re.sub(r"<!-- reproduce_cpu:begin -->.*?<!-- reproduce_cpu:end -->", "",
 COMMANDS = re.findall(r"^    ((?:supo-jax|python experiments/)[^\n]*)$", _BODY, re.M) + [
     c for c in (" ".join(m.split()) for m in
                 re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", _BODY, flags=re.S)))
-    if re.match(r"(supo-jax|python experiments/)\S* ", c) and " --" in c and "|" not in c]
+    if re.match(r"(supo-jax|python experiments/)\S* ", c) and " --" in c and "|" not in c] + [
+    # the `supo-jax train` lines of fenced blocks (records of GPU runs): their configs validate
+    ln for i, b in enumerate(re.split(r"^```.*$", _BODY, flags=re.M)) if i % 2
+    for ln in b.splitlines() if ln.startswith("supo-jax train ")]
 
 
 class _Stop(Exception):
@@ -142,3 +146,48 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
                 run()
             seen.append(argv[:2])
     assert ["supo-jax", "train"] in seen and ["supo-jax", "sweep"] in seen
+
+
+GPU_RESULTS = os.path.join(ROOT, "experiments", "results", "gpu_smollm2_listing")
+
+
+def _pct(x):
+    return f"{100 * x:.1f}"
+
+
+def test_gpu_smollm2_table_is_what_its_metrics_say():
+    """The README's SmolLM2-on-a-GPU table is computed from the metrics.jsonl files that run
+    wrote (experiments/results/gpu_smollm2_listing/): held-out success at each eval, training
+    success and the share at the cap, means of the first and last 10 steps."""
+    section = README.split("### SmolLM2-135M-Instruct on a GPU", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (SUPO|full) \| (\d) \| (.*?) \| (.*?) \| (.*?) \|$", section, re.M)
+    assert len(rows) == 3, rows
+    for method, seed, held, train, cap in rows:
+        path = os.path.join(GPU_RESULTS, f"{method.lower()}_seed{seed}", "metrics.jsonl")
+        with open(path) as f:
+            ms = [json.loads(ln) for ln in f if ln.strip()]
+        evals = {m["step"]: m["eval/success_rate"] for m in ms if "eval/success_rate" in m}
+        steps = [m for m in ms if "loss" in m]
+        want_held = " / ".join(_pct(evals[s]) if s in evals else "-" for s in (0, 10, 20, 30, 40))
+        assert held == want_held, (method, seed, held, want_held)
+        for cell, key in ((train, "success_rate"), (cap, "overlong_rate")):
+            v = [m[key] for m in steps]
+            assert cell == f"{_pct(np.mean(v[:10]))} -> {_pct(np.mean(v[-10:]))}", (method, key, cell)
+
+
+def test_plot_runs_draws_the_gpu_results(tmp_path):
+    """experiments/plot_runs.py (the README's plotting command) on the committed runs; a label
+    whose directory holds no metrics.jsonl is a usage error naming it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "plot_runs", os.path.join(ROOT, "experiments", "plot_runs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "curve.png"
+    d = lambda name: os.path.join(GPU_RESULTS, name)   # noqa: E731
+    assert mod.main(["--out", str(out), "--smooth", "5", "--ylabel", "training success",
+                     f"supo, W=512 (seeds 0, 1)={d('supo_seed0')},{d('supo_seed1')}",
+                     f"full={d('full_seed0')}"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(out), f"x={tmp_path / 'nowhere'}"])

@@ -15,8 +15,10 @@ mostly does not: on fncall/listing it writes Python instead of a tool call, 0 of
 there warm-start it first with `supo-jax sft` as the README shows), a learning rate for
 pretrained weights (1e-6, AdamW), 8 samples per task at temperature 1.0 (a pretrained policy's
 first rewards are rare), and a small KL penalty to the starting policy (loss.kl_coef; on the
-tiny policy it kept count at 26.6 -> 23.4% where the default fell to 12.5%). Its learning
-curve is not measured yet: no GPU was lent to the sessions that wrote it. On a CPU it runs,
+tiny policy it kept count at 26.6 -> 23.4% where the default fell to 12.5%). Measured on one
+H200 (2026-11-26, README "SmolLM2-135M-Instruct on a GPU"): on fncall/listing, after a 60-step
+SFT and with optim.lr=1e-5, held-out success 81.2 -> 87.5 / 90.6% in 40 / 30 steps (seeds 0 /
+1) under SUPO and 40.6 -> 40.6% under `full` at the same W; 4.7 s a step. On a CPU it runs,
 slowly; experiments/configs/smollm2_cpu_smoke.py is the few-minute smoke test of this path.
 """
 import dataclasses
