@@ -1,7 +1,6 @@
 """The README's Public API code blocks run as written, in order, on a tiny random policy
 (tests/test_byo_env.py runs the environment example and its train command; test_reproduce.py
 keeps the Results block; test_cli.py the commands' flags)."""
-import json
 import os
 import re
 
@@ -159,13 +158,14 @@ def test_gpu_smollm2_table_is_what_its_metrics_say():
     """The README's SmolLM2-on-a-GPU table is computed from the metrics.jsonl files that run
     wrote (experiments/results/gpu_smollm2_listing/): held-out success at each eval, training
     success and the share at the cap, means of the first and last 10 steps."""
+    from supo_jax.sweep import read_metrics
+
     section = README.split("### SmolLM2-135M-Instruct on a GPU", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (SUPO|full) \| (\d) \| (.*?) \| (.*?) \| (.*?) \|$", section, re.M)
     assert len(rows) == 3, rows
     for method, seed, held, train, cap in rows:
-        path = os.path.join(GPU_RESULTS, f"{method.lower()}_seed{seed}", "metrics.jsonl")
-        with open(path) as f:
-            ms = [json.loads(ln) for ln in f if ln.strip()]
+        ms = read_metrics(os.path.join(GPU_RESULTS, f"{method.lower()}_seed{seed}"))
+        assert ms, (method, seed)
         evals = {m["step"]: m["eval/success_rate"] for m in ms if "eval/success_rate" in m}
         steps = [m for m in ms if "loss" in m]
         want_held = " / ".join(_pct(evals[s]) if s in evals else "-" for s in (0, 10, 20, 30, 40))
