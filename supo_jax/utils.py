@@ -26,7 +26,9 @@ def enable_compile_cache(path: str | None = None) -> str:
     path = path or os.environ.get("SUPO_JAX_COMPILE_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "supo_jax", "jax")
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # every compile, however short: a process pays ~30 ms for each of the ~100 small
+    # programs (eager ops, bucketed shapes) it would otherwise compile again
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return path
 
 

@@ -49,6 +49,8 @@ def test_reset_and_copy_prefix_reuse_cached_prompt(policy):
     s.append({0: s1})
     s.generate([0], 7, set(), GREEDY, jax.random.key(0))
     s.reset(0, len(s1))               # back to the cached initial prompt
+    assert s.lengths.tolist() == [len(s1), 0, 0]
+    np.testing.assert_array_equal(np.asarray(s.cache.lengths), s.lengths)   # synced lazily
     s.copy_prefix(0, 2, len(s1))      # another row starts from the same prefix
     s.append({0: x, 2: x})
     out = s.generate([0, 2], 8, set(), GREEDY, jax.random.key(0))

@@ -254,11 +254,26 @@ class Sampler:
             len_sh = NamedSharding(policy.mesh, spec_for(("batch",), (batch,), policy.mesh))
             cache = KVCache(jax.device_put(cache.k, kv_sh), jax.device_put(cache.v, kv_sh),
                             jax.device_put(cache.lengths, len_sh))
-        self.cache = cache
+        self._cache, self._stale_lengths = cache, False
         self._layers = None        # (params leaves, their per-layer copy) for the unrolled decode
         self.last_logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
         self.lengths = np.zeros(batch, np.int64)  # host mirror of cache.lengths
         self.shapes_compiled: set[tuple] = set()
+
+    @property
+    def cache(self) -> KVCache:
+        """The KV cache, its lengths brought up to date with the rows reset() cut back (one
+        transfer for all of them, not an update op per reset)."""
+        if self._stale_lengths:
+            c = self._cache
+            self._cache = dataclasses.replace(c, lengths=jax.device_put(
+                self.lengths.astype(c.lengths.dtype), c.lengths.sharding))
+            self._stale_lengths = False
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: KVCache) -> None:
+        self._cache = cache
 
     def _note_shape(self, key):
         if key not in self.shapes_compiled:
@@ -373,8 +388,8 @@ class Sampler:
         """Cut a row back to its first `length` cached tokens (e.g. the initial prompt)."""
         if not 0 <= length <= self.lengths[row]:
             raise ValueError(f"row {row} holds {self.lengths[row]} tokens, cannot reset to {length}")
-        self.cache = dataclasses.replace(self.cache, lengths=self.cache.lengths.at[row].set(length))
         self.lengths[row] = length
+        self._stale_lengths = True
         # the next turn always appends before generating, which refreshes last_logits
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
