@@ -150,7 +150,8 @@ class Config:
     # the below-average rollouts' advantages, measured together over seeds 0-2: tallest 0.41 ->
     # 0.73, cards (the README's env) 0.52 -> 0.69, count 37.0 -> 39.6% (the paper's update:
     # 0.73, 0.44, 30.2%). The quarter weight biases random advantages towards the rollouts that
-    # answered: tallest's placebo (rewards permuted) reaches 0.53 (README, Tuning a new task)
+    # answered: tallest's placebo (rewards permuted) reaches 0.53 (README, Quickstart;
+    # experiments/TUNING.md). Count does not hold on every machine (30.2% on a second one)
     rollout: RolloutSection = RolloutSection(tasks_per_step=8, group_size=4, rows=32,
                                              temperature=0.7, dynamic_rounds=4)
     advantage: AdvantageConfig = AdvantageConfig(negative_weight=0.25)

@@ -7,6 +7,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
+TUNING = open(os.path.join(ROOT, "experiments", "TUNING.md")).read()   # what README cites
 EXAMPLE = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
 
 

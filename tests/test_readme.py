@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.readme_helpers import README, ROOT, example_dir, user_shell_env
+from tests.readme_helpers import README, ROOT, TUNING, example_dir, user_shell_env
 
 API = README.split("## Public API", 1)[1].split("\n## ", 1)[0]
 BLOCKS = re.findall(r"```python\n(.*?)```", API, re.S)
@@ -90,7 +90,8 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
 
 # the full command lines (the "Command line" section is a synopsis: its lines are not)
 _BODY = re.sub(r"<!-- reproduce_cpu:begin -->.*?<!-- reproduce_cpu:end -->", "",  # a record
-               re.sub(r"\n## Command line\n.*?\n## ", "\n## ", README, flags=re.S), flags=re.S)
+               re.sub(r"\n## Command line\n.*?\n## ", "\n## ", README, flags=re.S), flags=re.S
+               ) + "\n" + TUNING   # and experiments/TUNING.md, the measurements README cites
 # the indented command lines, and the full ones (with flags) quoted inline, line breaks undone
 COMMANDS = re.findall(r"^    ((?:supo-jax|python experiments/)[^\n]*)$", _BODY, re.M) + [
     c for c in (" ".join(m.split()) for m in
