@@ -383,12 +383,22 @@ def _check_knobs(env: EnvSection) -> None:
 
 
 def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Config from a file defining config() (or the embedded default), plus overrides."""
+    """Config from a Python file defining config(), a run directory's config.json (the
+    settings a run was made with), or the embedded default; plus overrides."""
     if path is None:
         cfg = Config()
+    elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        cfg = from_dict(saved_config(path))
+    elif path.endswith(".json"):
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} does not exist")
+        cfg = from_dict(_read_json(path))
     else:
         if not os.path.isfile(path):
             raise ConfigError(f"config file {path!r} does not exist")
+        if not path.endswith(".py"):
+            raise ConfigError(f"config file {path!r}: expected a .py file defining config() "
+                              "or a run's config.json")
         spec = importlib.util.spec_from_file_location("supo_jax_user_config", path)
         mod = importlib.util.module_from_spec(spec)
         here = os.path.dirname(os.path.abspath(path))
@@ -409,16 +419,18 @@ def saved_config(run_dir: str) -> dict | None:
     """The settings a run directory holds (its config.json as saved), None where it has none;
     an unreadable one is a ConfigError naming the file."""
     fn = os.path.join(run_dir, "config.json")
-    if not os.path.isfile(fn):
-        return None
+    return _read_json(fn) if os.path.isfile(fn) else None
+
+
+def _read_json(fn: str) -> dict:
     try:
         with open(fn) as f:
-            saved = json.load(f)
+            d = json.load(f)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{fn} is not a readable run config ({e})") from None
-    if not isinstance(saved, dict):
+    if not isinstance(d, dict):
         raise ConfigError(f"{fn} is not a readable run config (not a JSON object)")
-    return saved
+    return d
 
 
 def to_dict(cfg) -> dict:

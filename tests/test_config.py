@@ -53,6 +53,23 @@ def test_missing_config_file():
         load_config("/nonexistent/cfg.py")
 
 
+def test_a_run_config_json_loads_as_config(tmp_path):
+    """--config takes a run's saved config.json (or its run directory): the settings that run
+    was made with, overrides on top; other files are a clear error."""
+    import json
+    cfg = apply_overrides(Config(), ["optim.lr=5e-5", "env.name=fncall/count"])
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(cfg), default=str))
+    for path in (str(tmp_path / "config.json"), str(tmp_path)):
+        assert load_config(path) == cfg
+    assert load_config(str(tmp_path), ["optim.lr=1e-4"]).optim.lr == 1e-4
+    (tmp_path / "cfg.yaml").write_text("optim: {}")
+    with pytest.raises(ConfigError, match="expected a .py file"):
+        load_config(str(tmp_path / "cfg.yaml"))
+    (tmp_path / "bad.json").write_text('{"optim": {"lrr": 1}}')
+    with pytest.raises(ConfigError, match="lrr"):
+        load_config(str(tmp_path / "bad.json"))
+
+
 def test_rl_refuses_truncated_sampling():
     """top-k / top-p logprobs are the truncated distribution's; the training forward scores
     the full one, so an RL config with them on fails at start, naming the fields."""
