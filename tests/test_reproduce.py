@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.readme_helpers import README, ROOT, TUNING
 
 
 @pytest.mark.long
@@ -74,11 +74,10 @@ def test_readme_results_block_is_the_committed_results_md():
         import update_readme
     finally:
         sys.path.pop(0)
-    readme = open(os.path.join(ROOT, "README.md")).read()
     md = open(os.path.join(ROOT, update_readme.RESULTS, "results.md")).read()
-    assert update_readme.current(readme) == update_readme.block(md), \
+    assert update_readme.current(README) == update_readme.block(md), \
         "README's Results block differs from results.md: run python experiments/update_readme.py"
-    for png in re.findall(r"\]\((experiments/results/cpu_reproduce/[^)]+\.png)\)", readme):
+    for png in re.findall(r"\]\((experiments/results/cpu_reproduce/[^)]+\.png)\)", README):
         assert os.path.getsize(os.path.join(ROOT, png)) > 1000
 
 
@@ -95,18 +94,16 @@ def test_readme_new_families_tables_are_the_committed_results():
     experiments/results/{cpu_count_dynamic_nw,cpu_count_nw_grpo}; experiments/TUNING.md's
     reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its count
     variants' figures."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
+    section = README.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     row = next(ln for ln in section.splitlines() if ln.startswith("| `fncall/count`"))
     supo, grpo = (_before_after(d, label) for d, label in (
         ("cpu_count_dynamic_nw", "SUPO (W=512, S=3)"), ("cpu_count_nw_grpo", "GRPO (W=512)")))
     assert row.endswith(f"| {supo} | {grpo} |"), (row, supo, grpo)
-    tuning = open(os.path.join(ROOT, "experiments", "TUNING.md")).read()
-    flat = " ".join(tuning.split())
+    flat = " ".join(TUNING.split())
     for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl", "cpu_count_nw_g8", "cpu_count_nw_t1"):
         quote = f"{_before_after(d, 'SUPO (W=512, S=3)')}% (experiments/results/{d}/"
         assert quote in flat, quote
-    reproduction = tuning.split("The same two families under the reproduction's recipe", 1)[1]
+    reproduction = TUNING.split("The same two families under the reproduction's recipe", 1)[1]
     for family, d in (("count", "cpu_reproduce"), ("listing", "cpu_listing")):
         cells = [_before_after(d, label) for label in ("SUPO (W=512, S=3)", "GRPO (W=512)")]
         row = next(ln for ln in reproduction.splitlines() if ln.startswith(f"| {family} |"))
