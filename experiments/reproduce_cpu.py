@@ -138,11 +138,7 @@ def main(argv=None) -> int:
     runs = sweep.plan(args.config, [m[2] for m in ms], seeds, os.path.join(args.out, "runs"),
                       overrides=common, names=[m[0] for m in ms])
     results = sweep.run_sweep(runs)
-    rows = sweep.collect(runs)
-    for r in rows:
-        vals = [x["eval_before"].get("success_rate") for x in results if x["name"] == r["name"]]
-        vals = [v for v in vals if isinstance(v, (int, float))]
-        r["before_success"] = sweep.mean_se(vals) if vals else None
+    rows = sweep.collect(runs)   # before_success: the SFT policy's step-0 eval
     # test-time scaling of the SUPO policy
     caps = {}
     for run in (r for r in runs if r.name == "supo"):

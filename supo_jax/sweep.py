@@ -175,7 +175,9 @@ def _scalars(d: dict) -> dict:
 
 def collect(runs: Sequence[Run]) -> list[dict]:
     """One row per grid point: (mean, standard error) over the finished seeds of the final eval
-    metrics (plus the seeds that have not finished)."""
+    metrics, of the success of the starting policy (`before_success`, from the runs' step-0
+    evals) and each seed's success before and after (`per_seed`: (seed, before, after); None
+    where a run did not evaluate its start), plus the seeds that have not finished."""
     rows = []
     for name in _unique(r.name for r in runs):
         mine = [r for r in runs if r.name == name]
@@ -191,6 +193,11 @@ def collect(runs: Sequence[Run]) -> list[dict]:
             vals = [r["eval"][k] for r in res if isinstance(r["eval"].get(k), (int, float))
                     and not np.isnan(r["eval"][k])]
             row[k] = mean_se(vals) if vals else None
+        before = [(r.get("eval_before") or {}).get("success_rate") for r in res]
+        before = [b if isinstance(b, (int, float)) else None for b in before]
+        row["before_success"] = mean_se([b for b in before if b is not None]) \
+            if any(b is not None for b in before) else None
+        row["per_seed"] = [(r["seed"], b, r["eval"].get("success_rate")) for r, b in zip(res, before)]
         row["seconds"] = float(np.mean([r["seconds"] for r in res])) if res else None
         rows.append(row)
     return rows
@@ -212,13 +219,23 @@ def _unique(items):
 
 
 def table_markdown(rows: Sequence[dict]) -> str:
-    head = ["run", "seeds", *REPORT_KEYS[:5], "minutes"]
+    """The final evals' means (± standard error over seeds), the starting policy's success
+    and each seed's success before -> after."""
+    head = ["run", "seeds", "success before", *REPORT_KEYS[:5], "per seed: before -> after",
+            "minutes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def fmt(v, one):
+        return "-" if v is None else f"{v[0]:.3f}" if one else f"{v[0]:.3f} ± {v[1]:.3f}"
+
     for r in rows:
-        cells = [r["name"], ",".join(map(str, r["seeds"])) or "-"]
-        for k in REPORT_KEYS[:5]:
-            cells.append("-" if r[k] is None else f"{r[k][0]:.3f}" if len(r["seeds"]) == 1
-                         else f"{r[k][0]:.3f} ± {r[k][1]:.3f}")   # one seed: no spread known
+        one = len(r["seeds"]) == 1     # one seed: no spread known
+        cells = [r["name"], ",".join(map(str, r["seeds"])) or "-",
+                 fmt(r.get("before_success"), one)]
+        cells += [fmt(r[k], one) for k in REPORT_KEYS[:5]]
+        cells.append(" / ".join("-" if b is None else f"{b:.3f}" for _, b, _ in r.get("per_seed", ()))
+                     + " -> " + " / ".join("-" if a is None else f"{a:.3f}"
+                                          for _, _, a in r.get("per_seed", ())))
         cells.append("-" if r["seconds"] is None else f"{r['seconds'] / 60:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -294,6 +311,7 @@ def report(runs: Sequence[Run], out: str) -> dict:
         json.dump(json_safe(rows), f, indent=2, allow_nan=False)
     md = table_markdown(rows)
     with open(os.path.join(out, "sweep.md"), "w") as f:
-        f.write(f"# Sweep\n\nFinal held-out eval, mean ± standard error over seeds.\n\n{md}\n\n"
+        f.write(f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "
+                f"training, mean ± standard error over seeds.\n\n{md}\n\n"
                 f"![success vs step]({os.path.basename(plot)})\n")
     return {"rows": rows, "markdown": md, "plot": plot}

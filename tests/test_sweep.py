@@ -75,6 +75,10 @@ def test_run_collect_report_resume_and_host_shares(tmp_path):
     assert supo["success_rate"] == pytest.approx((0.1, 0.1))   # seeds 0, 2 -> 0.0, 0.2
     assert full["success_rate"] == pytest.approx((0.6, 0.1))
     assert "0.600 ± 0.100" in rep["markdown"]
+    # the starting policy's success and each seed's before -> after
+    assert supo["before_success"] == pytest.approx((0.0, 0.0))
+    assert full["per_seed"] == [(0, 0.0, pytest.approx(0.5)), (2, 0.0, pytest.approx(0.7))]
+    assert "| 0.000 / 0.000 -> 0.500 / 0.700 |" in rep["markdown"]
     assert os.path.getsize(rep["plot"]) > 1000
     steps, mean, std = sweep.curves([r.run_dir for r in runs if r.name == "manager=full"],
                                     "success_rate")
