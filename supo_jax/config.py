@@ -386,32 +386,31 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Confi
     """Config from a Python file defining config(), a run directory's config.json (the
     settings a run was made with), or the embedded default; plus overrides."""
     if path is None:
-        cfg = Config()
-    elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        cfg = from_dict(saved_config(path))
-    elif path.endswith(".json"):
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist")
-        cfg = from_dict(_read_json(path))
-    else:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist")
-        if not path.endswith(".py"):
-            raise ConfigError(f"config file {path!r}: expected a .py file defining config() "
-                              "or a run's config.json")
-        spec = importlib.util.spec_from_file_location("supo_jax_user_config", path)
-        mod = importlib.util.module_from_spec(spec)
-        here = os.path.dirname(os.path.abspath(path))
-        sys.path.insert(0, here)   # a config may build on a sibling config file
-        try:
-            spec.loader.exec_module(mod)
-        finally:
-            sys.path.remove(here)
-        if not hasattr(mod, "config"):
-            raise ConfigError(f"{path} does not define config()")
-        cfg = mod.config()
-        if not isinstance(cfg, Config):
-            raise ConfigError(f"{path}: config() must return supo_jax.config.Config")
+        return apply_overrides(Config(), overrides)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"{path!r} is a directory without a config.json (not a run directory)")
+        return apply_overrides(from_dict(saved_config(path)), overrides)
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    if path.endswith(".json"):
+        return apply_overrides(from_dict(_read_json(path)), overrides)
+    if not path.endswith(".py"):
+        raise ConfigError(f"config file {path!r}: expected a .py file defining config() "
+                          "or a run's config.json")
+    spec = importlib.util.spec_from_file_location("supo_jax_user_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    here = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, here)   # a config may build on a sibling config file
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(here)
+    if not hasattr(mod, "config"):
+        raise ConfigError(f"{path} does not define config()")
+    cfg = mod.config()
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"{path}: config() must return supo_jax.config.Config")
     return apply_overrides(cfg, overrides)
 
 

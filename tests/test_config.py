@@ -68,6 +68,11 @@ def test_a_run_config_json_loads_as_config(tmp_path):
     (tmp_path / "bad.json").write_text('{"optim": {"lrr": 1}}')
     with pytest.raises(ConfigError, match="lrr"):
         load_config(str(tmp_path / "bad.json"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="directory without a config.json"):
+        load_config(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "gone.json"))
 
 
 def test_rl_refuses_truncated_sampling():
