@@ -216,3 +216,31 @@ def test_update_probe_retention_measures_what_an_update_does_to_kept_tokens(tmp_
         loss_cfg=loss_cfg, optim=cfg.optim, mesh=run.mesh, seed=0)
     m = re.search(pat, kept.report())
     assert float(m[4]) > 0, kept.report()
+
+
+def test_tuning_reeval_table_is_the_committed_scores():
+    """experiments/TUNING.md's 512-rollout table quotes experiments/results/reeval_2026-11-26/
+    results.json (experiments/reeval.py's output): each cell's seeds, mean and standard error."""
+    import numpy as np
+
+    with open(os.path.join(ROOT, "experiments", "results", "reeval_2026-11-26",
+                           "results.json")) as f:
+        scores = json.load(f)
+
+    def cell(family, pattern):
+        got = {int(m[1]): v["success_rate"] for k, v in scores[family].items()
+               if (m := re.fullmatch(pattern, k))}
+        xs = [100 * got[s] for s in sorted(got)]
+        se = np.std(xs, ddof=1) / np.sqrt(len(xs))
+        return " / ".join(f"{x:.1f}" for x in xs) + f" ({np.mean(xs):.1f} ± {se:.1f})"
+
+    table = TUNING.split("### The same policies on 512 rollouts each", 1)[1].split("\n### ", 1)[0]
+    rows = {ln.split(" | ")[0]: ln for ln in table.splitlines() if ln.startswith("| ")}
+    count = rows["| count (256 x 2)"]
+    assert f"{100 * scores['count']['count_default/sft']['success_rate']:.1f}" in count
+    for arm in ("default", "ep2", "ep4", "b16g8", "g8", "b16"):
+        assert cell("count", rf"count_{arm}/runs/supo/seed(\d)/hf") in count, (arm, count)
+    for family, label in (("cards", "| cards (128 x 4)"), ("tallest", "| `fncall/tallest` (128 x 4)")):
+        for pattern in (r"sft/seed(\d)/sft", r"runs/\w+_ep/ppo_epochs=1/seed(\d)/hf",
+                        r"runs/\w+_ep/ppo_epochs=2/seed(\d)/hf"):
+            assert cell(family, pattern) in rows[label], (family, pattern, rows[label])

@@ -195,6 +195,27 @@ def test_eval_cli_test_time_scaling_table(straight_run):
     assert all(x["summaries_mean"] <= x["max_summaries"] for x in rows)
 
 
+def test_reeval_scores_saved_policies_on_identical_tasks(straight_run, tmp_path):
+    """experiments/reeval.py: a run's HF export scored on more held-out tasks than the run's
+    own eval, under the run's config (its eval sampling); a rerun reuses --out."""
+    d, _ = straight_run
+    out = tmp_path / "reeval.json"
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "reeval.py"), "--config", d,
+           "--tasks", "3", "--out", str(out), os.path.join(d, "hf")]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (res,) = json.loads(out.read_text()).values()
+    with open(os.path.join(d, "config.json")) as f:
+        t = json.load(f)["train"]
+    samples = t["eval_samples"] if t["eval_temperature"] > 0 else 1
+    assert res["rollouts"] == 3 * samples and 0.0 <= res["success_rate"] <= 1.0
+    assert f"success {res['success_rate']:.3f} over {res['rollouts']} rollouts" in r.stdout
+    out.write_text(json.dumps({k: dict(v, success_rate=0.5) for k, v in
+                               json.loads(out.read_text()).items()}))   # reused, not rerun
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "success 0.500 over" in r.stdout, r.stderr[-2000:]
+
+
 def test_sft_cli_on_a_jsonl_of_conversations(tmp_path):
     demo = {"messages": [{"role": "user", "content": "Read page 1 and report its number."},
                          {"role": "assistant", "content": '<tool_call>\n{"name": "read_page", '
