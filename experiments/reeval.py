@@ -18,7 +18,6 @@ which saves it to DIR/sft.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -41,10 +40,8 @@ def main(argv=None) -> int:
     from supo_jax.model.policy import load_policy
     from supo_jax.rl.trainer import evaluate
 
+    # validates the config, which imports env.imports from the working directory
     cfg = load_config(args.config, [*args.set, f"env.eval_tasks={args.tasks}"])
-    sys.path.insert(0, os.getcwd())   # env.imports are found in the working directory
-    for name in cfg.env.imports:
-        importlib.import_module(name)
     results = {}
     if os.path.exists(args.out):
         with open(args.out) as f:

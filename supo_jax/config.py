@@ -385,16 +385,18 @@ def _check_knobs(env: EnvSection) -> None:
 def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """Config from a Python file defining config(), a run directory's config.json (the
     settings a run was made with), or the embedded default; plus overrides."""
-    if path is None:
-        return apply_overrides(Config(), overrides)
+    return apply_overrides(Config() if path is None else _config_file(path), overrides)
+
+
+def _config_file(path: str) -> Config:
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ConfigError(f"{path!r} is a directory without a config.json (not a run directory)")
-        return apply_overrides(from_dict(saved_config(path)), overrides)
+        return from_dict(saved_config(path))
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist")
     if path.endswith(".json"):
-        return apply_overrides(from_dict(_read_json(path)), overrides)
+        return from_dict(_read_json(path))
     if not path.endswith(".py"):
         raise ConfigError(f"config file {path!r}: expected a .py file defining config() "
                           "or a run's config.json")
@@ -411,7 +413,7 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Confi
     cfg = mod.config()
     if not isinstance(cfg, Config):
         raise ConfigError(f"{path}: config() must return supo_jax.config.Config")
-    return apply_overrides(cfg, overrides)
+    return cfg
 
 
 def saved_config(run_dir: str) -> dict | None:
