@@ -89,16 +89,40 @@ def _before_after(d, label):
     return f"{before} -> {after}"
 
 
+def _sweep_cell(d, name):
+    """'before -> after' in % of one point of experiments/results/<d>/sweep.json."""
+    point = next(p for p in json.load(open(os.path.join(ROOT, "experiments", "results", d,
+                                                       "sweep.json"))) if p["name"] == name)
+    (b, be), (a, ae) = point["before_success"], point["success_rate"]
+    return f"{100 * b:.1f} ± {100 * be:.1f} -> {100 * a:.1f} ± {100 * ae:.1f}"
+
+
 def test_readme_new_families_tables_are_the_committed_results():
     """The families tables quote the committed outputs: README's default-recipe count row
-    experiments/results/{cpu_count_dynamic_nw,cpu_count_nw_grpo}; experiments/TUNING.md's
-    reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its count
-    variants' figures."""
+    experiments/results/{cpu_count_nw_ep2,cpu_count_nw_ep2_grpo}, its cards row the sweeps
+    {cards_ppo_epochs,cards_full_ppo_epochs}; experiments/TUNING.md's reproduction-recipe rows
+    experiments/results/{cpu_reproduce,cpu_listing} and its count variants' figures."""
     section = README.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     row = next(ln for ln in section.splitlines() if ln.startswith("| `fncall/count`"))
     supo, grpo = (_before_after(d, label) for d, label in (
-        ("cpu_count_dynamic_nw", "SUPO (W=512, S=3)"), ("cpu_count_nw_grpo", "GRPO (W=512)")))
-    assert row.endswith(f"| {supo} | {grpo} |"), (row, supo, grpo)
+        ("cpu_count_nw_ep2", "SUPO (W=512, S=3)"), ("cpu_count_nw_ep2_grpo", "GRPO (W=512)")))
+    cells = row.split(" | ")
+    assert cells[3].startswith(f"{supo} [") and row.endswith(f"| {grpo} |"), (row, supo, grpo)
+    ep2 = _reeval_mean("count", r"count_ep2/runs/supo/seed(\d)/hf")
+    assert cells[3].endswith(f" -> {ep2}, 5 seeds]"), (cells[3], ep2)
+    # its placebo (rewards permuted), quoted under the table: its own evals and the re-scoring
+    flat = " ".join(section.split())
+    placebo = _reeval_mean("count", r"count_ep2_placebo/runs/supo/seed(\d)/hf")
+    assert f"to {placebo}% on 512 rollouts" in flat, placebo
+    assert f"its own evals: {_before_after('cpu_count_nw_ep2_placebo', 'SUPO (W=512, S=3)')}%" in flat
+    row = next(ln for ln in section.splitlines() if ln.startswith("| `cards`"))
+    supo, full = _sweep_cell("cards_ppo_epochs", "ppo_epochs=2"), _sweep_cell(
+        "cards_full_ppo_epochs", "manager=full")
+    cells = row.split(" | ")
+    assert cells[3].startswith(f"{supo} [") and row.endswith(f"| {full} |"), (row, supo, full)
+    rescored = " -> ".join(_reeval_mean("cards", p) for p in (
+        r"sft/seed(\d)/sft", r"runs/cards_ep/ppo_epochs=2/seed(\d)/hf"))
+    assert cells[3].endswith(f"[{rescored}]"), (cells[3], rescored)
     flat = " ".join(TUNING.split())
     for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl", "cpu_count_nw_g8", "cpu_count_nw_t1"):
         quote = f"{_before_after(d, 'SUPO (W=512, S=3)')}% (experiments/results/{d}/"
@@ -218,6 +242,23 @@ def test_update_probe_retention_measures_what_an_update_does_to_kept_tokens(tmp_
     assert float(m[4]) > 0, kept.report()
 
 
+def _reeval_scores(family, pattern):
+    """Success in % by seed of the policies of experiments/results/reeval_2026-11-26/results.json
+    whose path matches pattern (its group: the seed)."""
+    with open(os.path.join(ROOT, "experiments", "results", "reeval_2026-11-26",
+                           "results.json")) as f:
+        scores = json.load(f)[family]
+    got = {int(m[1]): v["success_rate"] for k, v in scores.items() if (m := re.fullmatch(pattern, k))}
+    return [100 * got[s] for s in sorted(got)]
+
+
+def _reeval_mean(family, pattern):
+    import numpy as np
+
+    xs = _reeval_scores(family, pattern)
+    return f"{np.mean(xs):.1f} ± {np.std(xs, ddof=1) / np.sqrt(len(xs)):.1f}"
+
+
 def test_tuning_reeval_table_is_the_committed_scores():
     """experiments/TUNING.md's 512-rollout table quotes experiments/results/reeval_2026-11-26/
     results.json (experiments/reeval.py's output): each cell's seeds, mean and standard error."""
@@ -228,11 +269,8 @@ def test_tuning_reeval_table_is_the_committed_scores():
         scores = json.load(f)
 
     def cell(family, pattern):
-        got = {int(m[1]): v["success_rate"] for k, v in scores[family].items()
-               if (m := re.fullmatch(pattern, k))}
-        xs = [100 * got[s] for s in sorted(got)]
-        se = np.std(xs, ddof=1) / np.sqrt(len(xs))
-        return " / ".join(f"{x:.1f}" for x in xs) + f" ({np.mean(xs):.1f} ± {se:.1f})"
+        return " / ".join(f"{x:.1f}" for x in _reeval_scores(family, pattern)) + (
+            f" ({_reeval_mean(family, pattern)})")
 
     table = TUNING.split("### The same policies on 512 rollouts each", 1)[1].split("\n### ", 1)[0]
     rows = {ln.split(" | ")[0]: ln for ln in table.splitlines() if ln.startswith("| ")}
@@ -244,3 +282,7 @@ def test_tuning_reeval_table_is_the_committed_scores():
         for pattern in (r"sft/seed(\d)/sft", r"runs/\w+_ep/ppo_epochs=1/seed(\d)/hf",
                         r"runs/\w+_ep/ppo_epochs=2/seed(\d)/hf"):
             assert cell(family, pattern) in rows[label], (family, pattern, rows[label])
+    sft600 = cell("cards", r"sft600/seed(\d)/sft")
+    assert f"(`sft.steps=600`): {sft600};" in rows["| cards (128 x 4)"]
+    seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
+    assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
