@@ -282,7 +282,8 @@ def test_tuning_reeval_table_is_the_committed_scores():
         for pattern in (r"sft/seed(\d)/sft", r"runs/\w+_ep/ppo_epochs=1/seed(\d)/hf",
                         r"runs/\w+_ep/ppo_epochs=2/seed(\d)/hf"):
             assert cell(family, pattern) in rows[label], (family, pattern, rows[label])
-    sft600 = cell("cards", r"sft600/seed(\d)/sft")
-    assert f"(`sft.steps=600`): {sft600};" in rows["| cards (128 x 4)"]
+    for family, label in (("cards", "| cards (128 x 4)"), ("tallest", "| `fncall/tallest` (128 x 4)")):
+        sft600 = cell(family, r"sft600/seed(\d)/sft")
+        assert f"(`sft.steps=600`): {sft600};" in rows[label], (family, sft600)
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
     assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
