@@ -287,5 +287,7 @@ def test_tuning_reeval_table_is_the_committed_scores():
     for family, label in (("cards", "| cards (128 x 4)"), ("tallest", "| `fncall/tallest` (128 x 4)")):
         sft600 = cell(family, r"sft600/seed(\d)/sft")
         assert f"(`sft.steps=600`): {sft600};" in rows[label], (family, sft600)
+    rl = cell("tallest", r"runs/tallest_sft600/base/seed(\d)/hf")
+    assert f"30 SUPO steps of the default after them: {rl} |" in rows["| `fncall/tallest` (128 x 4)"]
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
     assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
