@@ -278,6 +278,8 @@ def test_tuning_reeval_table_is_the_committed_scores():
     assert f"{100 * scores['count']['count_default/sft']['success_rate']:.1f}" in count
     sft600, sft300 = (100 * scores["count"][f"count_sft{n}/sft"]["success_rate"] for n in (600, 300))
     assert f"(`sft.steps=600`): {sft600:.1f} (rebuilt at 300 steps: {sft300:.1f}," in count
+    rl600 = cell("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf")
+    assert f"default after it: {rl600} |" in count, rl600
     for arm in ("default", "ep2", "ep4", "b16g8", "g8", "b16"):
         assert cell("count", rf"count_{arm}/runs/supo/seed(\d)/hf") in count, (arm, count)
     for family, label in (("cards", "| cards (128 x 4)"), ("tallest", "| `fncall/tallest` (128 x 4)")):
