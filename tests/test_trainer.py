@@ -101,6 +101,23 @@ def test_metrics_jsonl_and_tensorboard(straight_run):
     assert os.path.isfile(os.path.join(d, "hf", "model.safetensors"))
 
 
+def test_a_run_keeps_its_sft_warm_start_as_supo_jax_sft_rebuilds_it(straight_run, tmp_path):
+    """run_dir/sft is the policy the run warm-started from: the same weights `supo-jax sft`
+    saves for the same config, and not the trained policy of run_dir/hf."""
+    from safetensors.numpy import load_file
+
+    d, _ = straight_run
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "sft", "--config", CONFIG,
+                        "--set", f"train.run_dir={tmp_path}", *[a for s in SETS for a in ("--set", s)]],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept, rebuilt, trained = (load_file(os.path.join(p, "model.safetensors")) for p in (
+        os.path.join(d, "sft"), os.path.join(tmp_path, "sft"), os.path.join(d, "hf")))
+    assert kept.keys() == rebuilt.keys() == trained.keys()
+    assert all(np.array_equal(kept[k], rebuilt[k]) for k in kept)
+    assert not all(np.array_equal(kept[k], trained[k]) for k in kept)
+
+
 def test_metrics_rows_are_strict_json_and_read_back(tmp_path):
     """A metric without a value (nan) is written as null, so strict JSON parsers read the file;
     a resume and the sweep's reader give nan back."""

@@ -297,6 +297,10 @@ def open_run(cfg: C.Config) -> Run:
             print(f"resumed from {run_dir} step {run.start}")
     elif not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
+        # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
+        # (experiments/reeval.py), roll out or train from (train.init_from)
+        policy.save_pretrained(os.path.join(run_dir, "sft"))   # collective; process 0 writes
+        barrier("supo_jax:sft:written")
         run.graphdef, run.params = policy.split()
         run.opt_state = init_opt_state(tx, run.params, mesh)
         ckpts.save(0, run.params, run.opt_state, {
