@@ -100,30 +100,41 @@ def _sweep_cell(d, name):
 
 def test_readme_new_families_tables_are_the_committed_results():
     """The families tables quote the committed outputs: README's default-recipe count row
-    experiments/results/{cpu_count_nw_ep2,cpu_count_nw_ep2_grpo}, its cards row the sweeps
-    {cards_ppo_epochs,cards_full_ppo_epochs}; experiments/TUNING.md's reproduction-recipe rows
-    experiments/results/{cpu_reproduce,cpu_listing} and its count variants' figures."""
+    experiments/results/{cpu_count_sft600_ep2,cpu_count_sft600_ep2_grpo}, its cards row the
+    sweep cards_families_sft600, both with their 512-rollout re-scoring (reeval_2026-11-26);
+    the 300-step default's count figures and placebo under the table; experiments/TUNING.md's
+    reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its count
+    variants' figures."""
     section = README.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
     row = next(ln for ln in section.splitlines() if ln.startswith("| `fncall/count`"))
     supo, grpo = (_before_after(d, label) for d, label in (
-        ("cpu_count_nw_ep2", "SUPO (W=512, S=3)"), ("cpu_count_nw_ep2_grpo", "GRPO (W=512)")))
+        ("cpu_count_sft600_ep2", "SUPO (W=512, S=3)"), ("cpu_count_sft600_ep2_grpo", "GRPO (W=512)")))
     cells = row.split(" | ")
-    assert cells[3].startswith(f"{supo} [") and row.endswith(f"| {grpo} |"), (row, supo, grpo)
+    sft = 100 * _reeval_results()["count"]["count_sft600_ep2/sft"]["success_rate"]
+    after = _reeval_mean("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf")
+    rescored = f"[{sft:.1f} -> {after}]"
+    assert cells[3] == f"{supo} {rescored}" and row.endswith(f"| {grpo} |"), (row, supo, rescored, grpo)
+    # its placebo (rewards permuted), re-scored and on its own evals
+    scores = _reeval_scores("count", r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf")
+    placebo = " / ".join(f"{x:.1f}" for x in scores) + "% (" + _reeval_mean(
+        "count", r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf") + ")"
+    sft = 100 * _reeval_results()["count"]["count_sft600_ep2_placebo/sft"]["success_rate"]
+    assert f"to {placebo} from its own SFT policy's {sft:.1f}%" in flat, (placebo, sft)
+    own = _before_after("cpu_count_sft600_ep2_placebo", "SUPO (W=512, S=3)")
+    assert f"(its own evals: {own}%, experiments/results/cpu_count_sft600_ep2_placebo/" in flat, own
+    # the 300-step default (until 2026-11-26) quoted under the table, and its placebo
     ep2 = _reeval_mean("count", r"count_ep2/runs/supo/seed(\d)/hf")
-    assert cells[3].endswith(f" -> {ep2}, 5 seeds]"), (cells[3], ep2)
-    # its placebo (rewards permuted), quoted under the table: its own evals and the re-scoring
-    flat = " ".join(section.split())
+    assert f"(34.8 -> {ep2}%, 5 seeds; own evals {_before_after('cpu_count_nw_ep2', 'SUPO (W=512, S=3)')}%" in flat
     placebo = _reeval_mean("count", r"count_ep2_placebo/runs/supo/seed(\d)/hf")
     assert f"to {placebo}% on 512 rollouts" in flat, placebo
     assert f"its own evals: {_before_after('cpu_count_nw_ep2_placebo', 'SUPO (W=512, S=3)')}%" in flat
     row = next(ln for ln in section.splitlines() if ln.startswith("| `cards`"))
-    supo, full = _sweep_cell("cards_ppo_epochs", "ppo_epochs=2"), _sweep_cell(
-        "cards_full_ppo_epochs", "manager=full")
+    supo, full = (_sweep_cell("cards_families_sft600", f"manager={m}") for m in ("supo", "full"))
     cells = row.split(" | ")
-    assert cells[3].startswith(f"{supo} [") and row.endswith(f"| {full} |"), (row, supo, full)
-    rescored = " -> ".join(_reeval_mean("cards", p) for p in (
-        r"sft/seed(\d)/sft", r"runs/cards_ep/ppo_epochs=2/seed(\d)/hf"))
-    assert cells[3].endswith(f"[{rescored}]"), (cells[3], rescored)
+    rescored = " -> ".join(_reeval_mean("cards", f"cards_families/{p}") for p in (
+        r"sft600/seed(\d)/sft", r"runs/cards_families/manager=supo/seed(\d)/hf"))
+    assert cells[3] == f"{supo} [{rescored}]" and row.endswith(f"| {full} |"), (row, supo, rescored, full)
     flat = " ".join(TUNING.split())
     for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl", "cpu_count_nw_g8", "cpu_count_nw_t1"):
         quote = f"{_before_after(d, 'SUPO (W=512, S=3)')}% (experiments/results/{d}/"
@@ -293,5 +304,37 @@ def test_tuning_reeval_table_is_the_committed_scores():
         assert f"(`sft.steps=600`): {sft600};" in rows[label], (family, sft600)
     rl = cell("tallest", r"runs/tallest_sft600/base/seed(\d)/hf")
     assert f"30 SUPO steps of the default after them: {rl} |" in rows["| `fncall/tallest` (128 x 4)"]
+    sft, rl = (cell("cards", f"cards_families/{p}") for p in (
+        r"sft600/seed(\d)/sft", r"runs/cards_families/manager=supo/seed(\d)/hf"))
+    assert f"its SFT policies {sft} and 30 SUPO steps of the default after them {rl}," in rows["| cards (128 x 4)"]
+    # README's `sft.num_demos=192` row at 600 SFT steps: seed 0's SFT policies, 64 -> 192 demos
+    r = _reeval_results()
+    pairs = [(f, 100 * r[f][a]["success_rate"], 100 * r[f][b]["success_rate"]) for f, a, b in (
+        ("cards", "cards_families/sft600/seed0/sft", "cards_families/sft600_192/seed0/sft"),
+        ("tallest", "quickstart_sft600/sft600/sft", "quickstart_sft600/sft600_192/sft"),
+        ("count", "count_sft600_ep2_placebo/sft", "count_sft600_192/sft"))]
+    quoted = " ".join(README.split())
+    assert "seed 0: " + ", ".join(f"{f} {x:.1f} -> {y:.1f}%" for f, x, y in pairs) in quoted, pairs
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
     assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
+
+
+def test_readme_quickstart_placebo_figures_are_the_committed_runs():
+    """The Quickstart's seed-0 figures are experiments/results/quickstart_sft600/: its held-out
+    evals (the README's run and its placebo) and the 512-rollout scores of the SFT policy, the
+    run and the placebo."""
+    d = os.path.join(ROOT, "experiments", "results", "quickstart_sft600")
+    quick = " ".join(README.split("## Quickstart", 1)[1].split("\n## ", 1)[0].split())
+
+    def evals(name):
+        with open(os.path.join(d, f"{name}_metrics.jsonl")) as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+        return [f"{r['eval/success_rate']:.3f}" for r in rows if "eval/success_rate" in r][:4]
+
+    real, placebo = evals("default"), evals("placebo")
+    assert "held-out success (16 tasks x 4 samples at temperature 0.7) " + " -> ".join(real) in quick
+    assert f"goes {placebo[0]} -> " + " / ".join(placebo[1:]) in quick, placebo
+    with open(os.path.join(d, "reeval.json")) as f:
+        scores = {k.split("|")[0]: 100 * v["success_rate"] for k, v in json.load(f).items()}
+    assert (f"from the SFT policy's {scores['sft600/sft']:.1f}% to {scores['runs/placebo/hf']:.1f}% "
+            f"where the real run reaches {scores['runs/default/hf']:.1f}%") in quick, scores

@@ -22,7 +22,8 @@ def config() -> Config:
         # learns summaries that sometimes lose the count, which RL can then fix; a third of the
         # demonstrations hold the whole history in one context of W * (S + 1), so the starting
         # policy can act in the long contexts of the GRPO baseline too (as an instruct model can)
-        sft=dataclasses.replace(base.sft, summary_drop=0.25, full_context_demos=0.34),
+        sft=dataclasses.replace(base.sft, summary_drop=0.25, full_context_demos=0.34,
+                                steps=300),   # the 300 SFT steps the committed results used
         # the constant learning rate and the one pass over each step's rollouts that the
         # committed results (experiments/results/) were run with
         optim=dataclasses.replace(base.optim, schedule="constant", ppo_epochs=1),
