@@ -125,7 +125,8 @@ def test_readme_new_families_tables_are_the_committed_results():
     assert f"(its own evals: {own}%, experiments/results/cpu_count_sft600_ep2_placebo/" in flat, own
     # the 300-step default (until 2026-11-26) quoted under the table, and its placebo
     ep2 = _reeval_mean("count", r"count_ep2/runs/supo/seed(\d)/hf")
-    assert f"(34.8 -> {ep2}%, 5 seeds; own evals {_before_after('cpu_count_nw_ep2', 'SUPO (W=512, S=3)')}%" in flat
+    own = _before_after("cpu_count_nw_ep2", "SUPO (W=512, S=3)")
+    assert f"(34.8 -> {ep2}%, 5 seeds; own evals {own}%" in flat, (ep2, own)
     placebo = _reeval_mean("count", r"count_ep2_placebo/runs/supo/seed(\d)/hf")
     assert f"to {placebo}% on 512 rollouts" in flat, placebo
     assert f"its own evals: {_before_after('cpu_count_nw_ep2_placebo', 'SUPO (W=512, S=3)')}%" in flat
@@ -306,7 +307,8 @@ def test_tuning_reeval_table_is_the_committed_scores():
     assert f"30 SUPO steps of the default after them: {rl} |" in rows["| `fncall/tallest` (128 x 4)"]
     sft, rl = (cell("cards", f"cards_families/{p}") for p in (
         r"sft600/seed(\d)/sft", r"runs/cards_families/manager=supo/seed(\d)/hf"))
-    assert f"its SFT policies {sft} and 30 SUPO steps of the default after them {rl}," in rows["| cards (128 x 4)"]
+    assert (f"its SFT policies {sft} and 30 SUPO steps of the default after them {rl},"
+            in rows["| cards (128 x 4)"]), (sft, rl)
     # README's `sft.num_demos=192` row at 600 SFT steps: seed 0's SFT policies, 64 -> 192 demos
     r = _reeval_results()
     pairs = [(f, 100 * r[f][a]["success_rate"], 100 * r[f][b]["success_rate"]) for f, a, b in (
@@ -315,6 +317,10 @@ def test_tuning_reeval_table_is_the_committed_scores():
         ("count", "count_sft600_ep2_placebo/sft", "count_sft600_192/sft"))]
     quoted = " ".join(README.split())
     assert "seed 0: " + ", ".join(f"{f} {x:.1f} -> {y:.1f}%" for f, x, y in pairs) in quoted, pairs
+    rl = cell("count", r"count_sft600_192_ep2/runs/supo/seed(\d)/hf").replace(" (", "% (")
+    assert f"the default's 24 SUPO steps after that count SFT: {rl[:-1]}, every seed" in quoted, rl
+    same = (r["count"][k]["success_rate"] for k in ("count_sft600_192_ep2/sft", "count_sft600_192/sft"))
+    assert len(set(same)) == 1   # the run's SFT is the one rebuilt by `supo-jax sft`
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
     assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
 
