@@ -319,6 +319,10 @@ def test_tuning_reeval_table_is_the_committed_scores():
     assert "seed 0: " + ", ".join(f"{f} {x:.1f} -> {y:.1f}%" for f, x, y in pairs) in quoted, pairs
     rl = cell("count", r"count_sft600_192_ep2/runs/supo/seed(\d)/hf").replace(" (", "% (")
     assert f"the default's 24 SUPO steps after that count SFT: {rl[:-1]}, every seed" in quoted, rl
+    for family, sweep in (("tallest", "tallest_192"), ("cards", "cards_192")):
+        before, after = (" / ".join(f"{x:.1f}" for x in _reeval_scores(
+            family, rf"runs/{sweep}/base/seed(\d)/{k}")) for k in ("sft", "hf"))
+        assert f"{family} {before}% -> {after}%" in quoted, (family, before, after)
     same = (r["count"][k]["success_rate"] for k in ("count_sft600_192_ep2/sft", "count_sft600_192/sft"))
     assert len(set(same)) == 1   # the run's SFT is the one rebuilt by `supo-jax sft`
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
