@@ -116,9 +116,8 @@ def test_readme_new_families_tables_are_the_committed_results():
     rescored = f"[{sft:.1f} -> {after}]"
     assert cells[3] == f"{supo} {rescored}" and row.endswith(f"| {grpo} |"), (row, supo, rescored, grpo)
     # its placebo (rewards permuted), re-scored and on its own evals
-    scores = _reeval_scores("count", r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf")
-    placebo = " / ".join(f"{x:.1f}" for x in scores) + "% (" + _reeval_mean(
-        "count", r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf") + ")"
+    pattern = r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf"
+    placebo = f"{_reeval_seeds('count', pattern, '%')} ({_reeval_mean('count', pattern)})"
     sft = 100 * _reeval_results()["count"]["count_sft600_ep2_placebo/sft"]["success_rate"]
     assert f"to {placebo} from its own SFT policy's {sft:.1f}%" in flat, (placebo, sft)
     own = _before_after("cpu_count_sft600_ep2_placebo", "SUPO (W=512, S=3)")
@@ -278,14 +277,18 @@ def _reeval_mean(family, pattern):
     return f"{np.mean(xs):.1f} ± {np.std(xs, ddof=1) / np.sqrt(len(xs)):.1f}"
 
 
+def _reeval_seeds(family, pattern, unit=""):
+    """The re-scored policies' success by seed as the docs quote it: '92.6 / 92.6 / 92.8'."""
+    return " / ".join(f"{x:.1f}" for x in _reeval_scores(family, pattern)) + unit
+
+
 def test_tuning_reeval_table_is_the_committed_scores():
     """experiments/TUNING.md's 512-rollout table quotes experiments/results/reeval_2026-11-26/
     results.json (experiments/reeval.py's output): each cell's seeds, mean and standard error."""
     scores = _reeval_results()
 
-    def cell(family, pattern):
-        return " / ".join(f"{x:.1f}" for x in _reeval_scores(family, pattern)) + (
-            f" ({_reeval_mean(family, pattern)})")
+    def cell(family, pattern, unit=""):
+        return f"{_reeval_seeds(family, pattern, unit)} ({_reeval_mean(family, pattern)})"
 
     table = TUNING.split("### The same policies on 512 rollouts each", 1)[1].split("\n### ", 1)[0]
     rows = {ln.split(" | ")[0]: ln for ln in table.splitlines() if ln.startswith("| ")}
@@ -310,20 +313,20 @@ def test_tuning_reeval_table_is_the_committed_scores():
     assert (f"its SFT policies {sft} and 30 SUPO steps of the default after them {rl},"
             in rows["| cards (128 x 4)"]), (sft, rl)
     # README's `sft.num_demos=192` row at 600 SFT steps: seed 0's SFT policies, 64 -> 192 demos
-    r = _reeval_results()
-    pairs = [(f, 100 * r[f][a]["success_rate"], 100 * r[f][b]["success_rate"]) for f, a, b in (
+    pairs = [(f, 100 * scores[f][a]["success_rate"], 100 * scores[f][b]["success_rate"])
+             for f, a, b in (
         ("cards", "cards_families/sft600/seed0/sft", "cards_families/sft600_192/seed0/sft"),
         ("tallest", "quickstart_sft600/sft600/sft", "quickstart_sft600/sft600_192/sft"),
         ("count", "count_sft600_ep2_placebo/sft", "count_sft600_192/sft"))]
     quoted = " ".join(README.split())
     assert "seed 0: " + ", ".join(f"{f} {x:.1f} -> {y:.1f}%" for f, x, y in pairs) in quoted, pairs
-    rl = cell("count", r"count_sft600_192_ep2/runs/supo/seed(\d)/hf").replace(" (", "% (")
+    rl = cell("count", r"count_sft600_192_ep2/runs/supo/seed(\d)/hf", "%")
     assert f"the default's 24 SUPO steps after that count SFT: {rl[:-1]}, every seed" in quoted, rl
     for family, sweep in (("tallest", "tallest_192"), ("cards", "cards_192")):
-        before, after = (" / ".join(f"{x:.1f}" for x in _reeval_scores(
-            family, rf"runs/{sweep}/base/seed(\d)/{k}")) for k in ("sft", "hf"))
-        assert f"{family} {before}% -> {after}%" in quoted, (family, before, after)
-    same = (r["count"][k]["success_rate"] for k in ("count_sft600_192_ep2/sft", "count_sft600_192/sft"))
+        before, after = (_reeval_seeds(family, rf"runs/{sweep}/base/seed(\d)/{k}", "%")
+                         for k in ("sft", "hf"))
+        assert f"{family} {before} -> {after}" in quoted, (family, before, after)
+    same = (scores["count"][k]["success_rate"] for k in ("count_sft600_192_ep2/sft", "count_sft600_192/sft"))
     assert len(set(same)) == 1   # the run's SFT is the one rebuilt by `supo-jax sft`
     seed2 = _reeval_scores("cards", r"sft192demos/seed(\d)/sft")[0]
     assert f"(`sft.num_demos=192`): {seed2:.1f} |" in rows["| cards (128 x 4)"]
