@@ -2,7 +2,7 @@
 across that step's rollouts, so its updates have the size and form of real ones but no relation
 to what any rollout did:
 
-    python experiments/placebo.py train --set 'env.imports=["my_envs.cards"]' --set env.name=cards --set train.run_dir=runs/placebo
+    python experiments/placebo.py train --set 'env.imports=["my_envs.redcount"]' --set env.name=redcount --set train.run_dir=runs/placebo
 
 Everything else (the config, its --set overrides, the metrics and their rollouts' own success)
 is the normal run's. With dynamic sampling (rollout.dynamic_rounds), the groups a step keeps are

@@ -1,6 +1,6 @@
 """What one RL update does to a policy, and where its greedy failures come from:
 
-    python experiments/update_probe.py --run-dir runs/probe --set 'env.imports=["my_envs.cards"]' --set env.name=cards
+    python experiments/update_probe.py --run-dir runs/probe --set 'env.imports=["experiments.envs.cards"]' --set env.name=cards
 
 On the configured run's starting policy (the SFT warm start of a new run directory, or its
 latest checkpoint):

@@ -148,7 +148,7 @@ class Config:
     # a tiny policy's distributions are diffuse: sampling at 0.7 keeps enough rollouts answering.
     # Dynamic sampling (up to 4 rounds until 8 groups carry an advantage) and a quarter weight on
     # the below-average rollouts' advantages, measured together over seeds 0-2: tallest 0.41 ->
-    # 0.73, cards (the README's env) 0.52 -> 0.69, count 37.0 -> 39.6% (the paper's update:
+    # 0.73, cards (experiments/envs) 0.52 -> 0.69, count 37.0 -> 39.6% (the paper's update:
     # 0.73, 0.44, 30.2%). The quarter weight biases random advantages towards the rollouts that
     # answered: tallest's placebo (rewards permuted) reaches 0.53 (README, Quickstart;
     # experiments/TUNING.md). Count does not hold on every machine (30.2% on a second one)
@@ -309,7 +309,7 @@ def validate(cfg: Config) -> Config:
     from supo_jax.envs import list_envs
     if cfg.env.name not in list_envs():
         hint = ("" if cfg.env.imports else "; an environment of your own registers when its "
-                "module is imported: --set 'env.imports=[\"my_envs.cards\"]'")
+                "module is imported: --set 'env.imports=[\"my_envs.redcount\"]'")
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)

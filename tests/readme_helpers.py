@@ -8,19 +8,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 TUNING = open(os.path.join(ROOT, "experiments", "TUNING.md")).read()   # what README cites
-EXAMPLE = re.search(r"```python\n# my_envs/cards.py\n(.*?)```", README, re.S).group(1)
+EXAMPLE = re.search(r"```python\n# my_envs/redcount.py\n(.*?)```", README, re.S).group(1)
 
 
 @contextlib.contextmanager
 def example_dir(path, monkeypatch):
-    """`path` as the working directory, holding the README's example as my_envs/cards.py;
+    """`path` as the working directory, holding the README's example as my_envs/redcount.py;
     environment and expert registrations, sys.path and the imported modules are undone
     afterwards."""
     from supo_jax.envs import base
     from supo_jax.envs import experts as E
 
     (path / "my_envs").mkdir()
-    (path / "my_envs" / "cards.py").write_text(EXAMPLE)
+    (path / "my_envs" / "redcount.py").write_text(EXAMPLE)
     monkeypatch.chdir(path)
     monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
     monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
@@ -28,8 +28,8 @@ def example_dir(path, monkeypatch):
     try:
         yield path
     finally:
-        for m in ("my_envs.cards", "my_envs"):
-            sys.modules.pop(m, None)
+        for m in [m for m in sys.modules if m.split(".")[0] in ("my_envs", "experiments")]:
+            sys.modules.pop(m, None)   # imported again next time, so they register again
 
 
 def user_shell_env() -> dict:

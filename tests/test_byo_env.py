@@ -20,62 +20,74 @@ from supo_jax.text.parsing import extract_summary
 
 from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_env
 
-COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.cards\"\]'[^\n]*)\n",
+COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.redcount\"\]'[^\n]*)\n",
                     README).group(1)
 
 
 @pytest.fixture
-def cards_dir(tmp_path, monkeypatch):
-    """The README's example as my_envs/cards.py in a fresh working directory; registrations
+def rc_dir(tmp_path, monkeypatch):
+    """The README's example as my_envs/redcount.py in a fresh working directory; registrations
     and imports are undone afterwards."""
     with example_dir(tmp_path, monkeypatch):
         yield tmp_path
 
 
-def test_readme_example_registers_env_and_expert_from_the_working_directory(cards_dir):
-    assert str(cards_dir) not in sys.path
-    cfg = apply_overrides(Config(), ['env.imports=["my_envs.cards"]', "env.name=cards"])
+def test_readme_example_registers_env_and_expert_from_the_working_directory(rc_dir):
+    assert str(rc_dir) not in sys.path
+    cfg = apply_overrides(Config(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
     assert cfg.env.knobs == {} and cfg.env.eval_knobs == {}   # fncall/tallest's knobs dropped
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
-    tasks = make_tasks("cards", "train", 12)
-    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+    tasks = make_tasks("redcount", "train", 12)
+    ctx = ContextConfig("supo", 800, max_summaries=8, max_steps=60, max_action_tokens=64,
                         max_summary_tokens=60, max_observation_tokens=16)
-    ro = run_rollouts(ScriptedActor(E.expert_for("cards"), fmt), lambda: make_env("cards"),
+    ro = run_rollouts(ScriptedActor(E.expert_for("redcount"), fmt), lambda: make_env("redcount"),
                       tasks, fmt, ctx)
     assert [r.reward for r in ro] == [1.0] * 12, [(r.reason, r.counters) for r in ro]
     assert sum(r.counters["summaries"] >= 1 for r in ro) >= 4   # the scan survives summaries
+    # the right count is rewarded only after every card was read (a guess is not)
+    env, task = make_env("redcount"), tasks[0]
+    env.reset(task)
+    assert env.step("finish", {"answer": sum(task["red"])}).reward == 0.0
+    env.reset(task)
+    for i in range(task["cards"]):
+        env.step("read", {"i": i})
+    assert env.step("finish", {"answer": sum(task["red"]) + 1}).reward == 0.0
+    env.reset(task)
+    for i in range(task["cards"] + 1):   # reading past the end costs nothing but a turn
+        env.step("read", {"i": i})
+    assert env.step("finish", {"answer": sum(task["red"])}).reward == 1.0
 
 
-def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(cards_dir):
-    assert COMMAND == ("supo-jax train --set 'env.imports=[\"my_envs.cards\"]' "
-                       "--set env.name=cards")
-    out = cards_dir / "r.jsonl"
-    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "cards",
-                        "--set", 'env.imports=["my_envs.cards"]', "--policy", "scripted",
+def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
+    assert COMMAND == ("supo-jax train --set 'env.imports=[\"my_envs.redcount\"]' "
+                       "--set env.name=redcount")
+    out = rc_dir / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "redcount",
+                        "--set", 'env.imports=["my_envs.redcount"]', "--policy", "scripted",
                         "--num", "4", "--out", str(out)], capture_output=True, text=True,
-                       cwd=cards_dir, timeout=300)
+                       cwd=rc_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"success_rate\s+1\.0", r.stdout)
     # its output, as sft.demos, gives the rows the rollouts trained on (summaries included)
     from supo_jax.agent.rollout import Rollout
     from supo_jax.rl.runs import env_tokenizer
-    cfg = load_config(None, ['env.imports=["my_envs.cards"]', "env.name=cards"])
+    cfg = load_config(None, ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
     fmt = ChatFormat(env_tokenizer(cfg))
     recs = [Rollout.from_json(json.loads(line)) for line in out.read_text().splitlines()]
     assert sum(x.counters["summaries"] for x in recs) >= 2
-    tools = [t.schema() for t in make_env("cards").reset(make_tasks("cards", "train", 1)[0]).tools]
+    tools = [t.schema() for t in make_env("redcount").reset(make_tasks("redcount", "train", 1)[0]).tools]
     assert jsonl_segments(fmt, str(out), tools, ctx=cfg.context) == [
         s for x in recs for s in x.segments]
     # the README's scripted-expert figure under `full` is what its command prints
-    said = re.search(r"`(supo-jax rollout --env cards [^`]*--context full[^`]*)` prints "
+    said = re.search(r"`(supo-jax rollout --env redcount [^`]*--context full[^`]*)` prints "
                      r"`success_rate ([\d.]+)`", " ".join(README.split()))
     assert said, "the README no longer quotes the scripted expert's rollout under full"
-    r = subprocess.run(said.group(1), shell=True, capture_output=True, text=True, cwd=cards_dir,
+    r = subprocess.run(said.group(1), shell=True, capture_output=True, text=True, cwd=rc_dir,
                        env=user_shell_env(), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == said.group(2)
     assert re.search(r"^summary_state_share\s+-$", r.stdout, re.M)   # no probe: no figure
-    assert sorted(p.name for p in cards_dir.iterdir()) == ["my_envs", "r.jsonl"]   # no --out
+    assert sorted(p.name for p in rc_dir.iterdir()) == ["my_envs", "r.jsonl"]   # no --out
 
 
 def test_knobs_belong_to_their_environment():
@@ -93,20 +105,20 @@ def test_knobs_belong_to_their_environment():
     apply_overrides(Config(), ["sft.steps=0", "train.sft_warm_start=false"])
 
 
-def test_a_knob_the_task_generator_rejects_fails_at_start(cards_dir):
-    sets = ['env.imports=["my_envs.cards"]', "env.name=cards"]
+def test_a_knob_the_task_generator_rejects_fails_at_start(rc_dir):
+    sets = ['env.imports=["my_envs.redcount"]', "env.name=redcount"]
     assert apply_overrides(Config(), sets + ["env.knobs.size=9"]).env.knobs == {"size": 9}
     with pytest.raises(ConfigError, match=r"env\.knobs=\{'size': \[5, 9\]\}: the task generator "
-                                          r"of 'cards' fails with them \(TypeError: "):
+                                          r"of 'redcount' fails with them \(TypeError: "):
         apply_overrides(Config(), sets + ["env.knobs.size=[5, 9]"])
     with pytest.raises(ConfigError, match=r"env\.eval_knobs=\{'size': 'x'\}"):
         apply_overrides(Config(), sets + ["env.eval_knobs.size=x"])
 
 
-def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp_path, capsys):
-    (cards_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
-        'register_env("cards"', 'register_env("cards_noexp"'))
-    sets = ['env.imports=["my_envs.noexp"]', "env.name=cards_noexp"]
+def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(rc_dir, tmp_path, capsys):
+    (rc_dir / "my_envs" / "noexp.py").write_text(EXAMPLE.split("# Optional:")[0].replace(
+        'register_env("redcount"', 'register_env("redcount_noexp"'))
+    sets = ['env.imports=["my_envs.noexp"]', "env.name=redcount_noexp"]
     with pytest.raises(ConfigError, match="has no scripted expert.*sft.demos=PATH"):
         apply_overrides(Config(), sets)
     cfg = apply_overrides(Config(), sets + ["train.sft_warm_start=false"])
@@ -115,11 +127,11 @@ def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(cards_dir, tmp
     assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 is " in corpus
     assert len(env_tokenizer(cfg)) <= cfg.model.tiny_vocab + 64
     from supo_jax.cli import main
-    rc = main(["rollout", "--env", "cards_noexp", "--set", 'env.imports=["my_envs.noexp"]',
+    rc = main(["rollout", "--env", "redcount_noexp", "--set", 'env.imports=["my_envs.noexp"]',
                "--policy", "scripted", "--num", "2", "--out", str(tmp_path / "x.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
-    assert "--policy scripted: environment 'cards_noexp' has no scripted expert" in err[0]
+    assert "--policy scripted: environment 'redcount_noexp' has no scripted expert" in err[0]
 
 
 def test_state_expert_round_trips_its_summary_and_drops_keys_on_purpose():
@@ -216,10 +228,10 @@ def test_every_command_builds_the_same_tokenizer():
 
 
 @pytest.mark.long
-def test_readme_train_command_verbatim(cards_dir):
+def test_readme_train_command_verbatim(rc_dir):
     """The README's command, as written, from the directory holding my_envs/ (a few minutes:
     SFT on the expert's demonstrations, 30 SUPO steps, eval, export)."""
-    r = subprocess.run(COMMAND, shell=True, cwd=cards_dir, env=user_shell_env(), capture_output=True,
+    r = subprocess.run(COMMAND, shell=True, cwd=rc_dir, env=user_shell_env(), capture_output=True,
                        text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     row = re.search(r"^success_rate\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)
@@ -229,54 +241,56 @@ def test_readme_train_command_verbatim(cards_dir):
                      r"steps \(training rollouts ([\d.]+) -> ([\d.]+)\)", " ".join(README.split()))
     assert said, "the README no longer quotes the train command's success figures"
     before, after, step1, step30 = said.groups()
-    # within 0.1 of each (the run is deterministic on one CPU; another CPU's rounding samples
-    # other tokens: a second machine printed 0.719 where the README says 0.734)
+    # the run is deterministic on one CPU; another CPU's rounding samples other tokens (a
+    # second machine printed 0.719 where the README's earlier example said 0.734), and 30 RL
+    # steps carry such a difference further: within 0.1 before RL, 0.2 after
     got = [float(x) for x in row.groups()]
     want = [float(x) for x in (before, step1, step30, after)]
-    assert all(abs(g - w) <= 0.1 for g, w in zip(got, want)), (got, want, r.stdout[-2000:])
-    assert (cards_dir / "runs" / "default" / "hf" / "config.json").exists()
+    assert all(abs(g - w) <= tol for g, w, tol in zip(got, want, (0.1, 0.1, 0.2, 0.2))), (
+        got, want, r.stdout[-2000:])
+    assert (rc_dir / "runs" / "default" / "hf" / "config.json").exists()
 
 
 BOOM = '''
 from supo_jax.envs.base import register_env
 from supo_jax.envs.experts import register_expert
-from my_envs.cards import Cards, CardsExpert, tasks
+from my_envs.redcount import RedCount, RedCountExpert, tasks
 
-@register_env("cards_boom", tasks=tasks)
-class Boom(Cards):
+@register_env("redcount_boom", tasks=tasks)
+class Boom(RedCount):
     def reset(self, task):
-        if task["red"] == 0:
+        if task["red"][0]:
             raise OSError("no deck today")
         return super().reset(task)
 
     def step(self, name, args):
-        if name == "read" and args["i"] == 1 and self.task["red"] % 2 == 0:
+        if name == "read" and args["i"] == 1 and sum(self.task["red"]) % 2 == 0:
             raise RuntimeError("card 1 exploded")
         return super().step(name, args)
 
-register_expert("cards_boom", CardsExpert)
+register_expert("redcount_boom", RedCountExpert)
 '''
 
 
-def test_an_environment_that_raises_fails_its_rollouts_not_the_command(cards_dir):
+def test_an_environment_that_raises_fails_its_rollouts_not_the_command(rc_dir):
     """Exceptions in a user's reset / step: the tiny tokenizer's corpus skips what the expert
     could not reach (it used to raise out of every command), the rollouts that hit them end as
     env_error, env_error_rate counts them and each kind of error is printed once."""
     from supo_jax.rl.runs import env_corpus
     from supo_jax.rl.trainer import _REPORTED_ERRORS, report_env_errors
 
-    (cards_dir / "my_envs" / "boom.py").write_text(BOOM)
-    cfg = apply_overrides(Config(), ['env.imports=["my_envs.boom"]', "env.name=cards_boom"])
+    (rc_dir / "my_envs" / "boom.py").write_text(BOOM)
+    cfg = apply_overrides(Config(), ['env.imports=["my_envs.boom"]', "env.name=redcount_boom"])
     corpus = "\n".join(env_corpus(cfg))
     assert "card 0 is blue." in corpus and "There are 1" in corpus
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
-    tasks = make_tasks("cards_boom", "train", 24)
-    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+    tasks = make_tasks("redcount_boom", "train", 24)
+    ctx = ContextConfig("supo", 800, max_summaries=8, max_steps=60, max_action_tokens=64,
                         max_summary_tokens=60, max_observation_tokens=16)
-    ro = run_rollouts(ScriptedActor(E.expert_for("cards_boom"), fmt),
-                      lambda: make_env("cards_boom"), tasks, fmt, ctx)
-    bad = {"reset": [t["red"] == 0 for t in tasks],
-           "step": [t["red"] > 1 and t["red"] % 2 == 0 for t in tasks]}
+    ro = run_rollouts(ScriptedActor(E.expert_for("redcount_boom"), fmt),
+                      lambda: make_env("redcount_boom"), tasks, fmt, ctx)
+    bad = {"reset": [t["red"][0] for t in tasks],
+           "step": [not t["red"][0] and sum(t["red"]) % 2 == 0 for t in tasks]}
     assert any(bad["reset"]) and any(bad["step"])
     for r, rs, st in zip(ro, bad["reset"], bad["step"]):
         assert r.reason == ("env_error" if rs or st else "answer"), (r.reason, r.transcript[-1])
@@ -330,16 +344,16 @@ def test_summary_turns_split_a_demonstration_as_supo_splits_a_rollout(tmp_path):
         conversation_segments(fmt, bad, tools, ctx)
 
 
-def test_an_environment_probe_gives_summary_state_share(cards_dir):
+def test_an_environment_probe_gives_summary_state_share(rc_dir):
     """README: an environment's optional probe(summary) feeds summary_state_share (nan
     without one)."""
     from supo_jax.agent.rollout import summarize
     from supo_jax.envs.base import register_env
 
-    apply_overrides(Config(), ['env.imports=["my_envs.cards"]', "env.name=cards"])
-    from my_envs.cards import Cards, CardsExpert, tasks
+    apply_overrides(Config(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
+    from my_envs.redcount import RedCount, RedCountExpert, tasks
 
-    class Probed(Cards):
+    class Probed(RedCount):
         def reset(self, task):
             self.read = 0
             return super().reset(task)
@@ -352,15 +366,15 @@ def test_an_environment_probe_gives_summary_state_share(cards_dir):
         def probe(self, summary):   # the next card, before or after the last read
             return any(f'"next": {n},' in summary for n in (self.read - 1, self.read))
 
-    register_env("cards_probed", tasks=tasks)(Probed)
-    E.register_expert("cards_probed", CardsExpert)
+    register_env("redcount_probed", tasks=tasks)(Probed)
+    E.register_expert("redcount_probed", RedCountExpert)
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
-    ctx = ContextConfig("supo", 600, max_summaries=4, max_steps=40, max_action_tokens=40,
+    ctx = ContextConfig("supo", 800, max_summaries=8, max_steps=60, max_action_tokens=64,
                         max_summary_tokens=60, max_observation_tokens=16)
     out = {}
-    for name in ("cards", "cards_probed"):
+    for name in ("redcount", "redcount_probed"):
         ro = run_rollouts(ScriptedActor(E.expert_for(name), fmt), lambda: make_env(name),
                           make_tasks(name, "train", 8), fmt, ctx)
         assert sum(r.counters["summaries"] for r in ro) >= 4
         out[name] = summarize(ro)["summary_state_share"]
-    assert out["cards"] != out["cards"] and out["cards_probed"] == 1.0
+    assert out["redcount"] != out["redcount"] and out["redcount_probed"] == 1.0

@@ -105,7 +105,7 @@ def test_readme_new_families_tables_are_the_committed_results():
     the 300-step default's count figures and placebo under the table; experiments/TUNING.md's
     reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its count
     variants' figures."""
-    section = README.split("### Three task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
+    section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     flat = " ".join(section.split())
     row = next(ln for ln in section.splitlines() if ln.startswith("| `fncall/count`"))
     supo, grpo = (_before_after(d, label) for d, label in (
@@ -144,6 +144,53 @@ def test_readme_new_families_tables_are_the_committed_results():
         cells = [_before_after(d, label) for label in ("SUPO (W=512, S=3)", "GRPO (W=512)")]
         row = next(ln for ln in reproduction.splitlines() if ln.startswith(f"| {family} |"))
         assert "| {} | {} |".format(*cells) in row, (family, row, cells)
+
+
+def _per_seed(d, name):
+    """('0.328 / 0.344 / 0.125', '0.578 / 0.172 / 0.203'): one point's held-out success by seed,
+    before and after, from experiments/results/<d>/sweep.json."""
+    point = next(p for p in json.load(open(os.path.join(ROOT, "experiments", "results", d,
+                                                       "sweep.json"))) if p["name"] == name)
+    return tuple(" / ".join(f"{row[k]:.3f}" for row in point["per_seed"]) for k in (1, 2))
+
+
+def test_readme_environment_example_figures_are_the_committed_results():
+    """README's "Adding an environment" quotes the example's sweep (experiments/results/
+    redcount_families/, seed 0 being its train command), its placebo (redcount_placebo/) and
+    their 512-rollout scores (reeval_2026-11-26, family redcount); the families table its row;
+    experiments/TUNING.md the earlier versions' (redcount_guess/, redcount_plain_thoughts/)."""
+    scores = _reeval_results()["redcount"]
+    flat = " ".join(README.split("## Adding an environment", 1)[1].split("\n## ", 1)[0].split())
+    before, after = _per_seed("redcount_families", "manager=supo")
+    assert f"the evals went {before} -> {after}," in flat, (before, after)
+    assert (f"starts at {before.split(' / ')[0]} held-out success and ends at "
+            f"{after.split(' / ')[0]} after 30 SUPO steps") in flat
+    sft, rl = (_reeval_seeds("redcount", rf"runs/redcount_families/manager=supo/seed(\d)/{k}", "%")
+               for k in ("sft", "hf"))
+    assert f"a policy (`python experiments/reeval.py`) {sft} -> {rl}" in flat, (sft, rl)
+    placebo = _reeval_seeds("redcount", r"runs/redcount_placebo/base/seed(\d)/hf", "%")
+    own = _per_seed("redcount_placebo", "base")[1]
+    assert f"end at {placebo} on 512 rollouts (own evals {own})" in flat, (placebo, own)
+    plain = [100 * scores[f"plain_thoughts/{k}"]["success_rate"] for k in ("sft", "hf")]
+    assert "SFT policy solved {:.1f}% and RL took it to {:.1f}%".format(*plain) in flat, plain
+    # the families table: own evals (mean ± se) [512-rollout mean ± se]
+    section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
+    row = next(ln for ln in section.splitlines() if ln.startswith("| `redcount`"))
+    rescored = " -> ".join(_reeval_mean("redcount", rf"runs/redcount_families/manager=supo/"
+                                                     rf"seed(\d)/{k}") for k in ("sft", "hf"))
+    cell = f"{_sweep_cell('redcount_families', 'manager=supo')} [{rescored}]"
+    assert row.split(" | ")[3] == cell, (row, cell)
+    # TUNING: the version that rewarded any right count (default, placebo, trust region)
+    tuning = " ".join(TUNING.split("## The environment example", 1)[1].split())
+    sft = _reeval_seeds("redcount", r"guess/runs/redcount_families/manager=supo/seed(\d)/sft", "%")
+    for arm, pattern in (("default/", r"guess/runs/redcount_families/manager=supo/seed(\d)/hf"),
+                         ("placebo/", r"guess/runs/redcount_placebo/base/seed(\d)/hf"),
+                         ("max_kl/", r"guess/runs/redcount_kl/base/seed(\d)/hf")):
+        quote = f"{_reeval_seeds('redcount', pattern, '%')} ({arm})"
+        assert quote in tuning, quote
+        assert _per_seed(f"redcount_guess/{arm[:-1]}", "manager=supo" if arm == "default/"
+                         else "base")[0] == "0.328 / 0.344 / 0.125"   # the same SFT policies
+    assert f"SFT {sft} ->" in tuning, sft
 
 
 def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):

