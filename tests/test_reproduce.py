@@ -191,6 +191,19 @@ def test_readme_environment_example_figures_are_the_committed_results():
         assert _per_seed(f"redcount_guess/{arm[:-1]}", "manager=supo" if arm == "default/"
                          else "base")[0] == "0.328 / 0.344 / 0.125"   # the same SFT policies
     assert f"SFT {sft} ->" in tuning, sft
+    # single changes from the same SFT policies: TUNING's item and README's tuning rows
+    lr = _reeval_seeds("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", "%")
+    assert f"gives {lr} (own evals {' -> '.join(_per_seed('redcount_lr1e4', 'lr=0.0001'))})" in tuning
+    nw = _reeval_seeds("redcount", r"runs/probe_nw/negative_weight=1\.0/seed(\d)/hf", "%")
+    assert f"seed 1: {nw} (own evals {' -> '.join(_per_seed('redcount_nw1', 'negative_weight=1.0'))})" in tuning
+    rows = " ".join(README.split("## Tuning a new task", 1)[1].split("\n## ", 1)[0].split())
+    default = _reeval_seeds("redcount", r"runs/redcount_families/manager=supo/seed(\d)/hf", "%")
+    start = _reeval_seeds("redcount", r"runs/redcount_families/manager=supo/seed(\d)/sft", "%")
+    assert f"{start} -> {lr} (3e-4: {default};" in rows
+    guess = [_reeval_seeds("redcount", rf"guess/runs/{d}/seed(\d)/{k}", "%") for d, k in (
+        ("redcount_families/manager=supo", "sft"), ("redcount_kl/base", "hf"),
+        ("redcount_families/manager=supo", "hf"))]
+    assert "{} -> {} (without: {};".format(*guess) in rows, guess
 
 
 def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):
