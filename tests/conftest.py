@@ -43,6 +43,7 @@ def _pin_xdist_worker():
         return
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1 and count >= len(cpus):
+        os.environ["SUPO_JAX_TESTS_CPUS"] = ",".join(map(str, cpus))   # for unpinned children
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 

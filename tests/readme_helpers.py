@@ -32,6 +32,16 @@ def example_dir(path, monkeypatch):
             sys.modules.pop(m, None)   # imported again next time, so they register again
 
 
+def user_shell_cores():
+    """For subprocess.run(preexec_fn=...): the cores a user's shell has. tests/conftest.py pins
+    each pytest-xdist worker to one core and children inherit it, and XLA's CPU thread pool, so
+    the rounding of its reductions, follows the cores it sees: the README's train command on
+    one core of the machine that printed its figures samples another run (0.266 -> 0.344)."""
+    cpus = os.environ.get("SUPO_JAX_TESTS_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def user_shell_env() -> dict:
     """os.environ as a user's shell has it for a README command: one CPU device (no forced
     device count), and this Python's scripts (`supo-jax`) on the PATH."""

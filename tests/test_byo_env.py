@@ -18,7 +18,7 @@ from supo_jax.model.tiny import tiny_tokenizer
 from supo_jax.rl.sft import assistant_text, conversation_segments, jsonl_segments
 from supo_jax.text.parsing import extract_summary
 
-from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_env
+from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_cores, user_shell_env
 
 COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.redcount\"\]'[^\n]*)\n",
                     README).group(1)
@@ -232,7 +232,7 @@ def test_readme_train_command_verbatim(rc_dir):
     """The README's command, as written, from the directory holding my_envs/ (a few minutes:
     SFT on the expert's demonstrations, 30 SUPO steps, eval, export)."""
     r = subprocess.run(COMMAND, shell=True, cwd=rc_dir, env=user_shell_env(), capture_output=True,
-                       text=True, timeout=1500)
+                       text=True, timeout=1500, preexec_fn=user_shell_cores)
     assert r.returncode == 0, r.stderr[-3000:]
     row = re.search(r"^success_rate\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)
     assert row, r.stdout[-2000:]
