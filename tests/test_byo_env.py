@@ -241,7 +241,7 @@ def test_readme_train_command_verbatim(rc_dir):
                      r"steps \(training rollouts ([\d.]+) -> ([\d.]+)\)", " ".join(README.split()))
     assert said, "the README no longer quotes the train command's success figures"
     before, after, step1, step30 = said.groups()
-    # the run is deterministic on one CPU; another CPU's rounding samples other tokens (a
+    # the run is deterministic on one CPU and core count; another's rounding samples other tokens (a
     # second machine printed 0.719 where the README's earlier example said 0.734), and 30 RL
     # steps carry such a difference further: within 0.1 before RL, 0.2 after
     got = [float(x) for x in row.groups()]

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.readme_helpers import README, ROOT, TUNING, example_dir, user_shell_env
+from tests.readme_helpers import README, ROOT, TUNING, example_dir, user_shell_cores, user_shell_env
 
 API = README.split("## Public API", 1)[1].split("\n## ", 1)[0]
 BLOCKS = re.findall(r"```python\n(.*?)```", API, re.S)
@@ -74,7 +74,7 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
 
     cmd = re.search(r"\n\n    (supo-jax train)\n\n", QUICK).group(1)
     r = subprocess.run(cmd, shell=True, cwd=tmp_path, env=user_shell_env(), capture_output=True, text=True,
-                       timeout=1800)
+                       timeout=1800, preexec_fn=user_shell_cores)
     assert r.returncode == 0, r.stderr[-3000:]
     want = _table(QUICK)
     assert set(want) >= {"success_rate", "overlong_rate", "summary_state_share"}

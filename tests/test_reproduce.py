@@ -90,10 +90,15 @@ def _before_after(d, label):
     return f"{before} -> {after}"
 
 
+def _sweep_point(d, name):
+    """One point of experiments/results/<d>/sweep.json (`supo-jax sweep`'s output)."""
+    with open(os.path.join(ROOT, "experiments", "results", d, "sweep.json")) as f:
+        return next(p for p in json.load(f) if p["name"] == name)
+
+
 def _sweep_cell(d, name):
     """'before -> after' in % of one point of experiments/results/<d>/sweep.json."""
-    point = next(p for p in json.load(open(os.path.join(ROOT, "experiments", "results", d,
-                                                       "sweep.json"))) if p["name"] == name)
+    point = _sweep_point(d, name)
     (b, be), (a, ae) = point["before_success"], point["success_rate"]
     return f"{100 * b:.1f} ± {100 * be:.1f} -> {100 * a:.1f} ± {100 * ae:.1f}"
 
@@ -149,9 +154,8 @@ def test_readme_new_families_tables_are_the_committed_results():
 def _per_seed(d, name):
     """('0.328 / 0.344 / 0.125', '0.578 / 0.172 / 0.203'): one point's held-out success by seed,
     before and after, from experiments/results/<d>/sweep.json."""
-    point = next(p for p in json.load(open(os.path.join(ROOT, "experiments", "results", d,
-                                                       "sweep.json"))) if p["name"] == name)
-    return tuple(" / ".join(f"{row[k]:.3f}" for row in point["per_seed"]) for k in (1, 2))
+    return tuple(" / ".join(f"{row[k]:.3f}" for row in _sweep_point(d, name)["per_seed"])
+                 for k in (1, 2))
 
 
 def test_readme_environment_example_figures_are_the_committed_results():
@@ -165,8 +169,8 @@ def test_readme_environment_example_figures_are_the_committed_results():
     assert f"the evals went {before} -> {after}," in flat, (before, after)
     assert (f"starts at {before.split(' / ')[0]} held-out success and ends at "
             f"{after.split(' / ')[0]} after 30 SUPO steps") in flat
-    sft, rl = (_reeval_seeds("redcount", rf"runs/redcount_families/manager=supo/seed(\d)/{k}", "%")
-               for k in ("sft", "hf"))
+    runs = r"runs/redcount_families/manager=supo/seed(\d)/"   # the sweep's SFT and RL policies
+    sft, rl = (_reeval_seeds("redcount", runs + k, "%") for k in ("sft", "hf"))
     assert f"a policy (`python experiments/reeval.py`) {sft} -> {rl}" in flat, (sft, rl)
     placebo = _reeval_seeds("redcount", r"runs/redcount_placebo/base/seed(\d)/hf", "%")
     own = _per_seed("redcount_placebo", "base")[1]
@@ -176,13 +180,13 @@ def test_readme_environment_example_figures_are_the_committed_results():
     # the families table: own evals (mean ± se) [512-rollout mean ± se]
     section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     row = next(ln for ln in section.splitlines() if ln.startswith("| `redcount`"))
-    rescored = " -> ".join(_reeval_mean("redcount", rf"runs/redcount_families/manager=supo/"
-                                                     rf"seed(\d)/{k}") for k in ("sft", "hf"))
+    rescored = " -> ".join(_reeval_mean("redcount", runs + k) for k in ("sft", "hf"))
     cell = f"{_sweep_cell('redcount_families', 'manager=supo')} [{rescored}]"
     assert row.split(" | ")[3] == cell, (row, cell)
     # TUNING: the version that rewarded any right count (default, placebo, trust region)
     tuning = " ".join(TUNING.split("## The environment example", 1)[1].split())
-    sft = _reeval_seeds("redcount", r"guess/runs/redcount_families/manager=supo/seed(\d)/sft", "%")
+    guess_sft = _reeval_seeds("redcount", r"guess/runs/redcount_families/manager=supo/seed(\d)/sft",
+                              "%")
     for arm, pattern in (("default/", r"guess/runs/redcount_families/manager=supo/seed(\d)/hf"),
                          ("placebo/", r"guess/runs/redcount_placebo/base/seed(\d)/hf"),
                          ("max_kl/", r"guess/runs/redcount_kl/base/seed(\d)/hf")):
@@ -190,16 +194,14 @@ def test_readme_environment_example_figures_are_the_committed_results():
         assert quote in tuning, quote
         assert _per_seed(f"redcount_guess/{arm[:-1]}", "manager=supo" if arm == "default/"
                          else "base")[0] == "0.328 / 0.344 / 0.125"   # the same SFT policies
-    assert f"SFT {sft} ->" in tuning, sft
+    assert f"SFT {guess_sft} ->" in tuning, guess_sft
     # single changes from the same SFT policies: TUNING's item and README's tuning rows
     lr = _reeval_seeds("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", "%")
     assert f"gives {lr} (own evals {' -> '.join(_per_seed('redcount_lr1e4', 'lr=0.0001'))})" in tuning
     nw = _reeval_seeds("redcount", r"runs/probe_nw/negative_weight=1\.0/seed(\d)/hf", "%")
     assert f"seed 1: {nw} (own evals {' -> '.join(_per_seed('redcount_nw1', 'negative_weight=1.0'))})" in tuning
     rows = " ".join(README.split("## Tuning a new task", 1)[1].split("\n## ", 1)[0].split())
-    default = _reeval_seeds("redcount", r"runs/redcount_families/manager=supo/seed(\d)/hf", "%")
-    start = _reeval_seeds("redcount", r"runs/redcount_families/manager=supo/seed(\d)/sft", "%")
-    assert f"{start} -> {lr} (3e-4: {default};" in rows
+    assert f"{sft} -> {lr} (3e-4: {rl};" in rows
     guess = [_reeval_seeds("redcount", rf"guess/runs/{d}/seed(\d)/{k}", "%") for d, k in (
         ("redcount_families/manager=supo", "sft"), ("redcount_kl/base", "hf"),
         ("redcount_families/manager=supo", "hf"))]
