@@ -208,6 +208,43 @@ def test_readme_environment_example_figures_are_the_committed_results():
     assert "{} -> {} (without: {};".format(*guess) in rows, guess
 
 
+def _training_success_mean(path):
+    """The mean training success over a run's RL steps, from a committed metrics.jsonl."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    vals = [r["success_rate"] for r in rows if "step" in r and r.get("success_rate") is not None]
+    assert len(vals) == 30, (path, len(vals))
+    return sum(vals) / len(vals)
+
+
+def test_redcount_control_table_is_the_committed_metrics():
+    """experiments/results/redcount_control/README.md's table (each arm's mean training
+    success by seed) is computed from the metrics files beside it; the no-update run is the
+    sweep's run with a learning rate of 0 from the same SFT policy (the same step-1 rollouts)."""
+    d = os.path.join(ROOT, "experiments", "results", "redcount_control")
+    md = open(os.path.join(d, "README.md")).read()
+    tuning = " ".join(TUNING.split("## The environment example", 1)[1].split())
+    for arm, label in (("no_update", "no update (`optim.lr=0`)"), ("default", "default (lr 3e-4)"),
+                       ("lr1e4", "`optim.lr=0.0001`"),
+                       ("placebo", "placebo (lr 3e-4, rewards permuted)")):
+        means = [_training_success_mean(os.path.join(d, f"{arm}_seed{s}.jsonl")) for s in range(3)]
+        row = f"| {label} | " + " | ".join(f"{m:.3f}" for m in means) + " |"
+        assert row in md, row
+        tuning_label = {"no_update": "no update", "default": "the default",
+                        "lr1e4": "`optim.lr=0.0001`", "placebo": "the placebo"}[arm]
+        assert f"{tuning_label} {' / '.join(f'{m:.3f}' for m in means)}" in tuning, arm
+    readme = " ".join(README.split("## Adding an environment", 1)[1].split("\n## ", 1)[0].split())
+    seed1 = [_training_success_mean(os.path.join(d, f"{arm}_seed1.jsonl"))
+             for arm in ("default", "no_update")]
+    assert ("over the 30 steps its training rollouts solve {:.3f} where the SFT policy, not "
+            "updated, solves {:.3f}".format(*seed1)) in readme, seed1
+    for s in range(3):
+        first = [next(json.loads(line) for line in open(os.path.join(d, f"{arm}_seed{s}.jsonl"))
+                      if '"step": 1,' in line) for arm in ("no_update", "default")]
+        assert first[0]["success_rate"] == first[1]["success_rate"]   # the same SFT policy
+        assert first[0]["approx_kl"] < 1e-9 < first[1]["approx_kl"]     # lr 0: it did not move
+
+
 def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     from reproduce_cpu import QUICK
