@@ -96,4 +96,4 @@ def test_config_changes_ignore_settings_added_since_at_their_default():
     changed = apply_overrides(Config(), ["advantage.negative_weight=0.5"])
     assert config_changes(saved, changed) == ["advantage.negative_weight: None -> 0.5"]
     assert config_changes(saved, apply_overrides(base, ["optim.lr=0.001"])) == [
-        "optim.lr: 0.0003 -> 0.001"]
+        "optim.lr: 0.0001 -> 0.001"]

@@ -104,29 +104,63 @@ def _sweep_cell(d, name):
 
 
 def test_readme_new_families_tables_are_the_committed_results():
-    """The families tables quote the committed outputs: README's default-recipe count row
-    experiments/results/{cpu_count_sft600_ep2,cpu_count_sft600_ep2_grpo}, its cards row the
-    sweep cards_families_sft600, both with their 512-rollout re-scoring (reeval_2026-11-26);
-    the 300-step default's count figures and placebo under the table; experiments/TUNING.md's
-    reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its count
-    variants' figures."""
+    """The families tables quote the committed outputs: README's rows the default of 2026-11-27
+    (experiments/results/default_2026-11-27/{count,count_grpo,cards,cards_full}, redcount's in
+    the environment example's test), with their 512-rollout re-scoring (reeval_2026-11-26);
+    experiments/TUNING.md keeps the table at 3e-4 (cpu_count_sft600_ep2(_grpo),
+    cards_families_sft600); the 300-step default's count figures and placebo under the table;
+    TUNING's reproduction-recipe rows experiments/results/{cpu_reproduce,cpu_listing} and its
+    count variants' figures."""
     section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     flat = " ".join(section.split())
+    new = "default_2026-11-27/"
     row = next(ln for ln in section.splitlines() if ln.startswith("| `fncall/count`"))
+    supo, grpo = (_before_after(new + d, label) for d, label in (
+        ("count", "SUPO (W=512, S=3)"), ("count_grpo", "GRPO (W=512)")))
+    cells = row.split(" | ")
+    sft = 100 * scores_of("count", new + "count/sft")
+    after = _reeval_mean("count", new + r"count/runs/supo/seed(\d)/hf")
+    assert cells[3] == f"{supo} [{sft:.1f} -> {after}]" and row.endswith(f"| {grpo} |"), (row, supo, grpo)
+    rl = _reeval_seeds("count", new + r"count/runs/supo/seed(\d)/hf", "%")
+    assert f"(62.9 -> {rl})" in flat and f"{sft:.1f}" == "62.9", rl
+    # its placebo (rewards permuted), from the same SFT (sft.json: the same warm start)
+    d = os.path.join(ROOT, "experiments", "results", "default_2026-11-27")
+    warm = [json.load(open(os.path.join(d, x, "sft.json"))) for x in ("count", "count_placebo")]
+    assert [{k: v for k, v in w.items() if k != "seconds"} for w in warm][0] == \
+        {k: v for k, v in warm[1].items() if k != "seconds"}
+    pattern = new + r"count_placebo/runs/supo/seed(\d)/hf"
+    placebo = f"{_reeval_seeds('count', pattern, '%')} ({_reeval_mean('count', pattern)})"
+    assert f"to {placebo} from the same SFT policy" in flat, placebo
+    own = _before_after(new + "count_placebo", "SUPO (W=512, S=3)")
+    assert f"(its own evals: {own}%, experiments/results/default_2026-11-27/count_placebo/" in flat, own
+    gains = [a - b for a, b in zip(_reeval_scores("count", new + r"count/runs/supo/seed(\d)/hf"),
+                                   _reeval_scores("count", pattern))]
+    assert f"worth {min(gains):.0f}-{max(gains):.0f} points a seed" in flat, gains
+    # at 3e-4 (the default until 2026-11-27): the paragraph and TUNING's copy of the table
+    old = _reeval_seeds("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf", "%")
+    old_sft = 100 * scores_of("count", "count_sft600_ep2/sft")
+    assert f"the runs ended at {old} from an SFT policy of {old_sft:.1f}%" in flat, old
+    pattern = r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf"
+    placebo = f"{_reeval_seeds('count', pattern, '%')} ({_reeval_mean('count', pattern)}"
+    own = _before_after("cpu_count_sft600_ep2_placebo", "SUPO (W=512, S=3)")
+    assert f"their placebo at {placebo}; own evals {own}%" in flat, (placebo, own)
+    tuning = TUNING.split("## The learning rate becomes 1e-4", 1)[1]
+    row = next(ln for ln in tuning.splitlines() if ln.startswith("| `fncall/count`"))
     supo, grpo = (_before_after(d, label) for d, label in (
         ("cpu_count_sft600_ep2", "SUPO (W=512, S=3)"), ("cpu_count_sft600_ep2_grpo", "GRPO (W=512)")))
     cells = row.split(" | ")
-    sft = 100 * _reeval_results()["count"]["count_sft600_ep2/sft"]["success_rate"]
     after = _reeval_mean("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf")
-    rescored = f"[{sft:.1f} -> {after}]"
-    assert cells[3] == f"{supo} {rescored}" and row.endswith(f"| {grpo} |"), (row, supo, rescored, grpo)
-    # its placebo (rewards permuted), re-scored and on its own evals
-    pattern = r"count_sft600_ep2_placebo/runs/supo/seed(\d)/hf"
-    placebo = f"{_reeval_seeds('count', pattern, '%')} ({_reeval_mean('count', pattern)})"
-    sft = 100 * _reeval_results()["count"]["count_sft600_ep2_placebo/sft"]["success_rate"]
-    assert f"to {placebo} from its own SFT policy's {sft:.1f}%" in flat, (placebo, sft)
-    own = _before_after("cpu_count_sft600_ep2_placebo", "SUPO (W=512, S=3)")
-    assert f"(its own evals: {own}%, experiments/results/cpu_count_sft600_ep2_placebo/" in flat, own
+    assert cells[3] == f"{supo} [{old_sft:.1f} -> {after}]" and row.endswith(f"| {grpo} |"), row
+    row = next(ln for ln in tuning.splitlines() if ln.startswith("| `cards`"))
+    supo, full = (_sweep_cell("cards_families_sft600", f"manager={m}") for m in ("supo", "full"))
+    rescored = " -> ".join(_reeval_mean("cards", f"cards_families/{p}") for p in (
+        r"sft600/seed(\d)/sft", r"runs/cards_families/manager=supo/seed(\d)/hf"))
+    cells = row.split(" | ")
+    assert cells[3] == f"{supo} [{rescored}]" and row.endswith(f"| {full} |"), row
+    row = next(ln for ln in tuning.splitlines() if ln.startswith("| `redcount`"))
+    runs = r"runs/redcount_families/manager=supo/seed(\d)/"
+    rescored = " -> ".join(_reeval_mean("redcount", runs + k) for k in ("sft", "hf"))
+    assert row.split(" | ")[3] == f"{_sweep_cell('redcount_families', 'manager=supo')} [{rescored}]"
     # the 300-step default (until 2026-11-26) quoted under the table, and its placebo
     ep2 = _reeval_mean("count", r"count_ep2/runs/supo/seed(\d)/hf")
     own = _before_after("cpu_count_nw_ep2", "SUPO (W=512, S=3)")
@@ -135,10 +169,11 @@ def test_readme_new_families_tables_are_the_committed_results():
     assert f"to {placebo}% on 512 rollouts" in flat, placebo
     assert f"its own evals: {_before_after('cpu_count_nw_ep2_placebo', 'SUPO (W=512, S=3)')}%" in flat
     row = next(ln for ln in section.splitlines() if ln.startswith("| `cards`"))
-    supo, full = (_sweep_cell("cards_families_sft600", f"manager={m}") for m in ("supo", "full"))
+    supo = _sweep_cell(new + "cards", "lr=0.0001")
+    full = _sweep_cell(new + "cards_full", "manager=full")
     cells = row.split(" | ")
-    rescored = " -> ".join(_reeval_mean("cards", f"cards_families/{p}") for p in (
-        r"sft600/seed(\d)/sft", r"runs/cards_families/manager=supo/seed(\d)/hf"))
+    rescored = " -> ".join(_reeval_mean("cards", new + p) for p in (
+        r"cards/seed(\d)/sft", r"cards/seed(\d)/hf"))
     assert cells[3] == f"{supo} [{rescored}]" and row.endswith(f"| {full} |"), (row, supo, rescored, full)
     flat = " ".join(TUNING.split())
     for d in ("cpu_count_nw_lr1e4", "cpu_count_nw_kl", "cpu_count_nw_g8", "cpu_count_nw_t1"):
@@ -165,24 +200,40 @@ def test_readme_environment_example_figures_are_the_committed_results():
     experiments/TUNING.md the earlier versions' (redcount_guess/, redcount_plain_thoughts/)."""
     scores = _reeval_results()["redcount"]
     flat = " ".join(README.split("## Adding an environment", 1)[1].split("\n## ", 1)[0].split())
-    before, after = _per_seed("redcount_families", "manager=supo")
+    # the default (lr 1e-4 since 2026-11-27): the sweep redcount_lr1e4, seed 0 its train command
+    before, after = _per_seed("redcount_lr1e4", "lr=0.0001")
     assert f"the evals went {before} -> {after}," in flat, (before, after)
     assert (f"starts at {before.split(' / ')[0]} held-out success and ends at "
             f"{after.split(' / ')[0]} after 30 SUPO steps") in flat
     runs = r"runs/redcount_families/manager=supo/seed(\d)/"   # the sweep's SFT and RL policies
-    sft, rl = (_reeval_seeds("redcount", runs + k, "%") for k in ("sft", "hf"))
+    sft = _reeval_seeds("redcount", runs + "sft", "%")
+    rl = _reeval_seeds("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", "%")
     assert f"a policy (`python experiments/reeval.py`) {sft} -> {rl}" in flat, (sft, rl)
+    placebo = _reeval_seeds("redcount", r"default_2026-11-27/redcount_placebo/seed(\d)/hf", "%")
+    own = _per_seed("default_2026-11-27/redcount_placebo", "base")
+    assert own[0] == before   # the same SFT policies
+    assert f"end at {placebo} on 512 rollouts (own evals {own[1]})" in flat, (placebo, own)
+    gains = [a - b for a, b in zip(_reeval_scores("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"),
+             _reeval_scores("redcount", r"default_2026-11-27/redcount_placebo/seed(\d)/hf"))]
+    assert f"worth {min(gains):.0f}-{max(gains):.0f} points a seed over the updates alone" in flat
+    # the learning rate of before (3e-4): the sweep redcount_families and its placebo
+    old = _reeval_seeds("redcount", runs + "hf", "%")
     placebo = _reeval_seeds("redcount", r"runs/redcount_placebo/base/seed(\d)/hf", "%")
     own = _per_seed("redcount_placebo", "base")[1]
-    assert f"end at {placebo} on 512 rollouts (own evals {own})" in flat, (placebo, own)
+    assert f"went to {old} and their placebo to {placebo} (own evals {own}," in flat, (old, placebo, own)
     plain = [100 * scores[f"plain_thoughts/{k}"]["success_rate"] for k in ("sft", "hf")]
     assert "SFT policy solved {:.1f}% and RL took it to {:.1f}%".format(*plain) in flat, plain
     # the families table: own evals (mean ± se) [512-rollout mean ± se]
     section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     row = next(ln for ln in section.splitlines() if ln.startswith("| `redcount`"))
-    rescored = " -> ".join(_reeval_mean("redcount", runs + k) for k in ("sft", "hf"))
-    cell = f"{_sweep_cell('redcount_families', 'manager=supo')} [{rescored}]"
+    rescored = " -> ".join(_reeval_mean("redcount", p) for p in (
+        runs + "sft", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"))
+    cell = f"{_sweep_cell('redcount_lr1e4', 'lr=0.0001')} [{rescored}]"
     assert row.split(" | ")[3] == cell, (row, cell)
+    gain = [b - a for a, b in zip(_reeval_scores("redcount", runs + "sft"),
+                                  _reeval_scores("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"))]
+    assert (f"gains {gain[0]:.1f} points on seed 0 and {gain[2]:.1f} on seed 2 and loses "
+            f"{-gain[1]:.1f} on seed 1") in " ".join(section.split()), gain
     # TUNING: the version that rewarded any right count (default, placebo, trust region)
     tuning = " ".join(TUNING.split("## The environment example", 1)[1].split())
     guess_sft = _reeval_seeds("redcount", r"guess/runs/redcount_families/manager=supo/seed(\d)/sft",
@@ -201,7 +252,26 @@ def test_readme_environment_example_figures_are_the_committed_results():
     nw = _reeval_seeds("redcount", r"runs/probe_nw/negative_weight=1\.0/seed(\d)/hf", "%")
     assert f"seed 1: {nw} (own evals {' -> '.join(_per_seed('redcount_nw1', 'negative_weight=1.0'))})" in tuning
     rows = " ".join(README.split("## Tuning a new task", 1)[1].split("\n## ", 1)[0].split())
-    assert f"{sft} -> {lr} (3e-4: {rl};" in rows
+    assert f"{sft} -> {lr} against {old} (experiments/results/redcount_lr1e4/" in rows
+    means = [_reeval_mean("redcount", p).split(" ± ")[0] for p in (
+        runs + "hf", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", r"runs/redcount_placebo/base/seed(\d)/hf",
+        r"default_2026-11-27/redcount_placebo/seed(\d)/hf")]
+    assert "redcount {} -> {}% over 3 seeds, its placebo {} -> {}%".format(*means) in rows, means
+    # the same row: count, tallest and cards under the default of 2026-11-27 against 3e-4
+    new = {f: _reeval_seeds(f, rf"default_2026-11-27/{f}/{p}", "%") for f, p in (
+        ("count", r"runs/supo/seed(\d)/hf"), ("tallest", r"seed(\d)/hf"))}
+    count_sft = 100 * scores_of("count", "default_2026-11-27/count/sft")
+    old = _reeval_seeds("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf", "%")
+    old_sft = 100 * scores_of("count", "count_sft600_ep2/sft")
+    assert f"count {count_sft:.1f}% -> {new['count']} against {old_sft:.1f}% -> {old}" in rows
+    tallest = [_reeval_seeds("tallest", p, "%") for p in (
+        r"default_2026-11-27/tallest/seed(\d)/sft", r"sft600/seed(\d)/sft",
+        r"runs/tallest_sft600/base/seed(\d)/hf")]
+    assert "tallest {} -> {} against {} -> {}".format(tallest[0], new["tallest"], *tallest[1:]) in rows
+    cards = [_reeval_mean("cards", p).split(" ± ")[0] for p in (
+        r"default_2026-11-27/cards/seed(\d)/sft", r"default_2026-11-27/cards/seed(\d)/hf",
+        r"cards_families/sft600/seed(\d)/sft", r"cards_families/runs/cards_families/manager=supo/seed(\d)/hf")]
+    assert "cards {} -> {}% against {} -> {}%".format(*cards) in rows, cards
     guess = [_reeval_seeds("redcount", rf"guess/runs/{d}/seed(\d)/{k}", "%") for d, k in (
         ("redcount_families/manager=supo", "sft"), ("redcount_kl/base", "hf"),
         ("redcount_families/manager=supo", "hf"))]
@@ -224,13 +294,14 @@ def test_redcount_control_table_is_the_committed_metrics():
     d = os.path.join(ROOT, "experiments", "results", "redcount_control")
     md = open(os.path.join(d, "README.md")).read()
     tuning = " ".join(TUNING.split("## The environment example", 1)[1].split())
-    for arm, label in (("no_update", "no update (`optim.lr=0`)"), ("default", "default (lr 3e-4)"),
-                       ("lr1e4", "`optim.lr=0.0001`"),
+    for arm, label in (("no_update", "no update (`optim.lr=0`)"),
+                       ("default", "lr 3e-4 (the default until 2026-11-27)"),
+                       ("lr1e4", "`optim.lr=0.0001` (the default since 2026-11-27)"),
                        ("placebo", "placebo (lr 3e-4, rewards permuted)")):
         means = [_training_success_mean(os.path.join(d, f"{arm}_seed{s}.jsonl")) for s in range(3)]
         row = f"| {label} | " + " | ".join(f"{m:.3f}" for m in means) + " |"
         assert row in md, row
-        tuning_label = {"no_update": "no update", "default": "the default",
+        tuning_label = {"no_update": "no update", "default": "3e-4 (the default then)",
                         "lr1e4": "`optim.lr=0.0001`", "placebo": "the placebo"}[arm]
         assert f"{tuning_label} {' / '.join(f'{m:.3f}' for m in means)}" in tuning, arm
     readme = " ".join(README.split("## Adding an environment", 1)[1].split("\n## ", 1)[0].split())
@@ -361,6 +432,11 @@ def _reeval_results():
         return json.load(f)
 
 
+def scores_of(family, key):
+    """One re-scored policy's success rate (0-1) in experiments/results/reeval_2026-11-26."""
+    return _reeval_results()[family][key]["success_rate"]
+
+
 def _reeval_scores(family, pattern):
     """Success in % by seed of the re-scored policies whose path matches pattern (its group:
     the seed)."""
@@ -432,21 +508,37 @@ def test_tuning_reeval_table_is_the_committed_scores():
 
 
 def test_readme_quickstart_placebo_figures_are_the_committed_runs():
-    """The Quickstart's seed-0 figures are experiments/results/quickstart_sft600/: its held-out
-    evals (the README's run and its placebo) and the 512-rollout scores of the SFT policy, the
-    run and the placebo."""
-    d = os.path.join(ROOT, "experiments", "results", "quickstart_sft600")
+    """The Quickstart's seed-0 figures are experiments/results/default_2026-11-27/quickstart/:
+    its held-out evals (the README's run and its placebo) and the 512-rollout scores of the SFT
+    policy, the run and the placebo; the 3-seed sweep beside it; the learning rate of before
+    (3e-4) is quickstart_sft600/."""
     quick = " ".join(README.split("## Quickstart", 1)[1].split("\n## ", 1)[0].split())
 
-    def evals(name):
-        with open(os.path.join(d, f"{name}_metrics.jsonl")) as f:
+    def evals(d, name):
+        with open(os.path.join(ROOT, "experiments", "results", d, f"{name}_metrics.jsonl")) as f:
             rows = [json.loads(x) for x in f if x.strip()]
         return [f"{r['eval/success_rate']:.3f}" for r in rows if "eval/success_rate" in r][:4]
 
-    real, placebo = evals("default"), evals("placebo")
+    def scores(d):
+        with open(os.path.join(ROOT, "experiments", "results", d, "reeval.json")) as f:
+            return {k.split("|")[0]: 100 * v["success_rate"] for k, v in json.load(f).items()}
+
+    d = "default_2026-11-27/quickstart"
+    real, placebo = evals(d, "default"), evals(d, "placebo")
     assert "held-out success (16 tasks x 4 samples at temperature 0.7) " + " -> ".join(real) in quick
     assert f"goes {placebo[0]} -> " + " / ".join(placebo[1:]) in quick, placebo
-    with open(os.path.join(d, "reeval.json")) as f:
-        scores = {k.split("|")[0]: 100 * v["success_rate"] for k, v in json.load(f).items()}
-    assert (f"from the SFT policy's {scores['sft600/sft']:.1f}% to {scores['runs/placebo/hf']:.1f}% "
-            f"where the real run reaches {scores['runs/default/hf']:.1f}%") in quick, scores
+    new = scores(d)
+    assert (f"from the SFT policy's {new['runs/default/sft']:.1f}% to {new['runs/placebo/hf']:.1f}% "
+            f"where the real run reaches {new['runs/default/hf']:.1f}%") in quick, new
+    before, after = _per_seed("default_2026-11-27/tallest", "lr=0.0001")
+    assert f"held-out success went {before} -> {after};" in quick, (before, after)
+    sft, rl = (_reeval_seeds("tallest", rf"default_2026-11-27/tallest/seed(\d)/{k}", "%")
+               for k in ("sft", "hf"))
+    assert f"under \"Tuning a new task\"), {sft} -> {rl}." in quick, (sft, rl)
+    assert f"{new['runs/default/hf']:.1f}%" == rl.split(" / ")[0] + "%"   # the same run as seed 0
+    old = scores("quickstart_sft600")
+    assert (f"seed 0 reached {old['runs/default/hf']:.1f}% and its placebo "
+            f"{old['runs/placebo/hf']:.1f}%") in quick, old
+    sft, rl = (_reeval_seeds("tallest", p, "%") for p in (
+        r"sft600/seed(\d)/sft", r"runs/tallest_sft600/base/seed(\d)/hf"))
+    assert f"over seeds {sft} -> {rl} on another machine" in quick, (sft, rl)

@@ -24,9 +24,9 @@ def config() -> Config:
         # policy can act in the long contexts of the GRPO baseline too (as an instruct model can)
         sft=dataclasses.replace(base.sft, summary_drop=0.25, full_context_demos=0.34,
                                 steps=300),   # the 300 SFT steps the committed results used
-        # the constant learning rate and the one pass over each step's rollouts that the
+        # the constant learning rate of 3e-4 and the one pass over each step's rollouts that the
         # committed results (experiments/results/) were run with
-        optim=dataclasses.replace(base.optim, schedule="constant", ppo_epochs=1),
+        optim=dataclasses.replace(base.optim, lr=3e-4, schedule="constant", ppo_epochs=1),
         # and without dynamic sampling (every group of a step trains) or a reduced weight on the
         # below-average rollouts, as they were run
         rollout=dataclasses.replace(base.rollout, dynamic_rounds=0),
