@@ -542,3 +542,36 @@ def test_readme_quickstart_placebo_figures_are_the_committed_runs():
     sft, rl = (_reeval_seeds("tallest", p, "%") for p in (
         r"sft600/seed(\d)/sft", r"runs/tallest_sft600/base/seed(\d)/hf"))
     assert f"over seeds {sft} -> {rl} on another machine" in quick, (sft, rl)
+    tips = " ".join(README.split("## Tuning a new task", 1)[1].split("\n## ", 1)[0].split())
+    gaps = [f"{round(s['runs/default/hf'], 1) - round(s['runs/placebo/hf'], 1):.1f}"
+            for s in (old, new)]   # of the figures as quoted
+    assert "600-step one {} points less at 3e-4 and {} less at today's 1e-4".format(*gaps) in tips, gaps
+
+
+def test_tuning_learning_rate_table_is_the_committed_scores():
+    """experiments/TUNING.md's "The learning rate becomes 1e-4" table: each cell the re-scored
+    policies (reeval_2026-11-26, by seed and their mean) of the runs it names."""
+    tuning = TUNING.split("## The learning rate becomes 1e-4", 1)[1]
+    rows = {ln.split(" | ")[0][2:]: ln for ln in tuning.splitlines() if ln.startswith("| ")}
+
+    def cell(family, pattern):
+        seeds = _reeval_scores(family, pattern)
+        return " / ".join(f"{x:.1f}" for x in seeds) + f" ({sum(seeds) / len(seeds):.1f})"
+
+    new = "default_2026-11-27/"
+    assert rows["redcount"].startswith("| redcount | {} | {} | {} |".format(
+        cell("redcount", r"runs/redcount_families/manager=supo/seed(\d)/sft"),
+        cell("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"),
+        cell("redcount", r"runs/redcount_families/manager=supo/seed(\d)/hf"))), rows["redcount"]
+    count_sft = 100 * scores_of("count", new + "count/sft")
+    old_sft = 100 * scores_of("count", "count_sft600_ep2/sft")
+    assert rows["count (256 tasks x 2)"].startswith("| count (256 tasks x 2) | {:.1f} | {} | {}, from an SFT policy of {:.1f}".format(
+        count_sft, cell("count", new + r"count/runs/supo/seed(\d)/hf"),
+        cell("count", r"count_sft600_ep2/runs/supo/seed(\d)/hf"), old_sft)), rows["count (256 tasks x 2)"]
+    assert rows["tallest"].startswith("| tallest | {} | {} | {}, from {} on another machine".format(
+        cell("tallest", new + r"tallest/seed(\d)/sft"), cell("tallest", new + r"tallest/seed(\d)/hf"),
+        cell("tallest", r"runs/tallest_sft600/base/seed(\d)/hf"),
+        _reeval_seeds("tallest", r"sft600/seed(\d)/sft", ""))), rows["tallest"]
+    assert rows["cards"] == "| cards | {} | {} | {} |".format(
+        cell("cards", new + r"cards/seed(\d)/sft"), cell("cards", new + r"cards/seed(\d)/hf"),
+        cell("cards", r"cards_families/runs/cards_families/manager=supo/seed(\d)/hf")), rows["cards"]
