@@ -193,6 +193,12 @@ def _per_seed(d, name):
                  for k in (1, 2))
 
 
+# redcount's re-scored policies at today's default (lr 1e-4: the sweep made as `--grid
+# optim.lr=0.0001`, experiments/results/redcount_lr1e4/) and its placebo
+RC_DEFAULT = r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"
+RC_PLACEBO = r"default_2026-11-27/redcount_placebo/seed(\d)/hf"
+
+
 def test_readme_environment_example_figures_are_the_committed_results():
     """README's "Adding an environment" quotes the example's sweep (experiments/results/
     redcount_families/, seed 0 being its train command), its placebo (redcount_placebo/) and
@@ -207,14 +213,14 @@ def test_readme_environment_example_figures_are_the_committed_results():
             f"{after.split(' / ')[0]} after 30 SUPO steps") in flat
     runs = r"runs/redcount_families/manager=supo/seed(\d)/"   # the sweep's SFT and RL policies
     sft = _reeval_seeds("redcount", runs + "sft", "%")
-    rl = _reeval_seeds("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", "%")
+    rl = _reeval_seeds("redcount", RC_DEFAULT, "%")
     assert f"a policy (`python experiments/reeval.py`) {sft} -> {rl}" in flat, (sft, rl)
-    placebo = _reeval_seeds("redcount", r"default_2026-11-27/redcount_placebo/seed(\d)/hf", "%")
+    placebo = _reeval_seeds("redcount", RC_PLACEBO, "%")
     own = _per_seed("default_2026-11-27/redcount_placebo", "base")
     assert own[0] == before   # the same SFT policies
     assert f"end at {placebo} on 512 rollouts (own evals {own[1]})" in flat, (placebo, own)
-    gains = [a - b for a, b in zip(_reeval_scores("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"),
-             _reeval_scores("redcount", r"default_2026-11-27/redcount_placebo/seed(\d)/hf"))]
+    gains = [a - b for a, b in zip(_reeval_scores("redcount", RC_DEFAULT),
+             _reeval_scores("redcount", RC_PLACEBO))]
     assert f"worth {min(gains):.0f}-{max(gains):.0f} points a seed over the updates alone" in flat
     # the learning rate of before (3e-4): the sweep redcount_families and its placebo
     old = _reeval_seeds("redcount", runs + "hf", "%")
@@ -227,11 +233,11 @@ def test_readme_environment_example_figures_are_the_committed_results():
     section = README.split("### Task families nobody tuned for", 1)[1].split("\n## ", 1)[0]
     row = next(ln for ln in section.splitlines() if ln.startswith("| `redcount`"))
     rescored = " -> ".join(_reeval_mean("redcount", p) for p in (
-        runs + "sft", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"))
+        runs + "sft", RC_DEFAULT))
     cell = f"{_sweep_cell('redcount_lr1e4', 'lr=0.0001')} [{rescored}]"
     assert row.split(" | ")[3] == cell, (row, cell)
     gain = [b - a for a, b in zip(_reeval_scores("redcount", runs + "sft"),
-                                  _reeval_scores("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"))]
+                                  _reeval_scores("redcount", RC_DEFAULT))]
     assert (f"gains {gain[0]:.1f} points on seed 0 and {gain[2]:.1f} on seed 2 and loses "
             f"{-gain[1]:.1f} on seed 1") in " ".join(section.split()), gain
     # TUNING: the version that rewarded any right count (default, placebo, trust region)
@@ -247,15 +253,15 @@ def test_readme_environment_example_figures_are_the_committed_results():
                          else "base")[0] == "0.328 / 0.344 / 0.125"   # the same SFT policies
     assert f"SFT {guess_sft} ->" in tuning, guess_sft
     # single changes from the same SFT policies: TUNING's item and README's tuning rows
-    lr = _reeval_seeds("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", "%")
+    lr = _reeval_seeds("redcount", RC_DEFAULT, "%")
     assert f"gives {lr} (own evals {' -> '.join(_per_seed('redcount_lr1e4', 'lr=0.0001'))})" in tuning
     nw = _reeval_seeds("redcount", r"runs/probe_nw/negative_weight=1\.0/seed(\d)/hf", "%")
     assert f"seed 1: {nw} (own evals {' -> '.join(_per_seed('redcount_nw1', 'negative_weight=1.0'))})" in tuning
     rows = " ".join(README.split("## Tuning a new task", 1)[1].split("\n## ", 1)[0].split())
     assert f"{sft} -> {lr} against {old} (experiments/results/redcount_lr1e4/" in rows
     means = [_reeval_mean("redcount", p).split(" ± ")[0] for p in (
-        runs + "hf", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf", r"runs/redcount_placebo/base/seed(\d)/hf",
-        r"default_2026-11-27/redcount_placebo/seed(\d)/hf")]
+        runs + "hf", RC_DEFAULT, r"runs/redcount_placebo/base/seed(\d)/hf",
+        RC_PLACEBO)]
     assert "redcount {} -> {}% over 3 seeds, its placebo {} -> {}%".format(*means) in rows, means
     # the same row: count, tallest and cards under the default of 2026-11-27 against 3e-4
     new = {f: _reeval_seeds(f, rf"default_2026-11-27/{f}/{p}", "%") for f, p in (
@@ -561,7 +567,7 @@ def test_tuning_learning_rate_table_is_the_committed_scores():
     new = "default_2026-11-27/"
     assert rows["redcount"].startswith("| redcount | {} | {} | {} |".format(
         cell("redcount", r"runs/redcount_families/manager=supo/seed(\d)/sft"),
-        cell("redcount", r"runs/probe_lr/lr=0\.0001/seed(\d)/hf"),
+        cell("redcount", RC_DEFAULT),
         cell("redcount", r"runs/redcount_families/manager=supo/seed(\d)/hf"))), rows["redcount"]
     count_sft = 100 * scores_of("count", new + "count/sft")
     old_sft = 100 * scores_of("count", "count_sft600_ep2/sft")
