@@ -36,9 +36,32 @@ def _cmd_export(args) -> None:
 
 
 def _config(args):
-    from supo_jax.config import load_config
+    """The command's config; its first line of output names it. With --print-config: print
+    the resolved settings (departures from the paper's algorithm marked) and exit."""
+    from supo_jax.config import describe, format_config, load_config
 
-    return load_config(args.config, args.set or [])
+    print(describe(args.config), flush=True)
+    cfg = load_config(args.config, args.set or [])
+    if getattr(args, "print_config", False):
+        print(format_config(cfg, _resolved_limit(cfg)))
+        raise SystemExit(0)
+    return cfg
+
+
+def _resolved_limit(cfg):
+    """L for cfg's tokenizer (the tiny policy's, or model.path's); None when it cannot be had."""
+    from supo_jax.agent.render import ChatFormat
+
+    try:
+        if cfg.model.path:
+            from supo_jax.model.policy import load_tokenizer
+            tok = load_tokenizer(cfg.model.path)
+        else:
+            from supo_jax.rl.runs import env_tokenizer
+            tok = env_tokenizer(cfg)
+        return cfg.context.limit(ChatFormat(tok))
+    except Exception:   # noqa: BLE001  (no tokenizer at hand: the settings alone are printed)
+        return None
 
 
 def _run_config(args):
@@ -185,7 +208,7 @@ def _cmd_sft(args) -> None:
 def _cmd_rollout(args) -> None:
     from supo_jax.agent.render import ChatFormat
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
-    from supo_jax.config import load_config
+    from supo_jax.config import describe, format_config, load_config
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for, has_expert
     from supo_jax.rl.runs import check_prompt_fits
@@ -196,7 +219,11 @@ def _cmd_rollout(args) -> None:
         sets.append(f"model.path={args.policy}")
     else:   # no warm start here (validate would ask for SFT demonstrations); same tokenizer
         sets.append("train.sft_warm_start=false")
+    print(describe(args.config), flush=True)
     cfg = load_config(args.config, sets)
+    if args.print_config:
+        print(format_config(cfg, _resolved_limit(cfg)))
+        return
     if args.policy == "scripted" and not has_expert(cfg.env.name):
         raise ValueError(f"--policy scripted: environment {cfg.env.name!r} has no scripted expert "
                          "(register one with supo_jax.envs.experts.register_expert, or pass "
@@ -271,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
         c.add_argument("--config", default=None, help="experiments/configs/NAME.py")
         c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
+        c.add_argument("--print-config", action="store_true",
+                       help="print the resolved settings (departures from the paper's "
+                       "algorithm marked) and exit")
         if name == "eval":
             c.add_argument("--max-summaries", default="", help="comma list, e.g. 0,2,4,8")
         c.set_defaults(fn=fn)
@@ -290,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context", default="supo", help="supo | full | truncate | window")
     r.add_argument("--config", default=None)
     r.add_argument("--set", action="append", metavar="KEY=VALUE")
+    r.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings and exit")
     r.add_argument("--num", type=int, default=8)
     r.add_argument("--split", default="eval")
     r.add_argument("--out", default=None, help="write the rollouts (JSONL: transcripts, "

@@ -17,9 +17,9 @@ import types
 import typing
 from typing import Any, Sequence
 
-from supo_jax.agent.context import ContextConfig
-from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
+from supo_jax.agent.context import NO_ANSWER, ContextConfig
 from supo_jax.rl.configs import SCHEDULES, AdvantageConfig, LossConfig
+from supo_jax.text.templates import SUMMARY_INSTRUCTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ class TrainSection:
     eval_samples: int = 1          # rollouts per eval task when eval_temperature > 0
     eval_max_summaries: tuple = ()  # extra summary caps evaluated at the end
     init_from: str = ""            # a checkpoint / HF dir to start from ("" = model.path)
-    sft_warm_start: bool = True    # tiny policies with no init: SFT on expert demos first
+    sft_warm_start: bool = False   # tiny policies with no init: SFT on expert demos first
     progress: bool = True
     # resuming with settings other than the saved config.json (beyond RESUMABLE_KEYS) is refused
     # unless this is true; the old config is then kept as config.step<N>.json
@@ -129,54 +129,71 @@ class MeshSection:
     tensor: int = 1
 
 
-# The embedded default (`supo-jax train` with no arguments): a CPU-scale SUPO run on the
-# function-calling tallest family, small enough for 2 cores. Sections left at their class
-# defaults elsewhere (ContextConfig: W = 4096, S = 7, H = 100) keep the paper's values.
-# W = 446: L = min(0.95 W, W - (summary instruction + generation prompt + 48)) = 380 tokens, the
-# trigger this default had when summary requests could still run past W (up to 446 tokens)
-CPU_CONTEXT = ContextConfig(manager="supo", working_context=446, max_summaries=3, max_steps=30,
-                            max_action_tokens=48, max_summary_tokens=48, max_observation_tokens=64,
-                            summary_instruction=SHORT_SUMMARY_INSTRUCTION)
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """One experiment. Every default is the paper's SUPO (PAPER_SUPO below, docs/SUPO.md); the
+    CPU recipe that `supo-jax train` runs without --config is supo_jax/configs/cpu_recipe.py."""
     model: ModelSection = ModelSection()
-    env: EnvSection = EnvSection(name="fncall/tallest", knobs={"size": [5, 9]}, train_tasks=1024,
-                                 eval_tasks=16)
-    context: ContextConfig = CPU_CONTEXT
-    # a tiny policy's distributions are diffuse: sampling at 0.7 keeps enough rollouts answering.
-    # Dynamic sampling (up to 4 rounds until 8 groups carry an advantage) and a quarter weight on
-    # the below-average rollouts' advantages, measured together over seeds 0-2: tallest 0.41 ->
-    # 0.73, cards (experiments/envs) 0.52 -> 0.69, count 37.0 -> 39.6% (the paper's update:
-    # 0.73, 0.44, 30.2%). The quarter weight biases random advantages towards the rollouts that
-    # answered: tallest's placebo (rewards permuted) reaches 0.53 (README, Quickstart;
-    # experiments/TUNING.md). Count does not hold on every machine (30.2% on a second one)
-    rollout: RolloutSection = RolloutSection(tasks_per_step=8, group_size=4, rows=32,
-                                             temperature=0.7, dynamic_rounds=4)
-    advantage: AdvantageConfig = AdvantageConfig(negative_weight=0.25)
+    env: EnvSection = EnvSection()
+    context: ContextConfig = ContextConfig()
+    rollout: RolloutSection = RolloutSection()
+    advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
-    # a cosine decay of the learning rate to 0 at the last step: measured over seeds 0-2, the
-    # default run's held-out success went 0.41 -> 0.73 with it and 0.41 -> 0.56 at a constant
-    # 3e-4, which peaked at step 10 and lost ground after (README, Quickstart). Two passes over
-    # each step's rollouts (ppo_epochs=2): count's saved policies scored on 512 rollouts each,
-    # 5 seeds, 34.8% before RL -> 32.0% after one pass, 37.6% after two (ahead on 4 of 5 seeds);
-    # tallest 38.4 -> 62.8 / 65.6%, cards level (experiments/TUNING.md). A peak learning rate
-    # of 1e-4 (3e-4 until 2026-11-27), 3 seeds, 512 rollouts a policy, from the same SFT
-    # policies: redcount (the README's example) 24.9 -> 33.9% (3e-4: 27.9%; seed 1 31.8 -> 27.9
-    # against 24.6), count 62.9 -> 75.8% (3e-4: 74.3%), cards 92.6 both, tallest 78.6 -> 89.3%
-    # (3e-4: 89.8%); no seed of these ends more than 4 points under its start (3e-4: two did)
-    optim: OptimSection = OptimSection(lr=1e-4, minibatch_rows=16, schedule="warmup_cosine",
-                                       ppo_epochs=2)
-    train: TrainSection = TrainSection(steps=30, save_every=10, eval_every=10, eval_temperature=0.7,
-                                       eval_samples=4)
-    # 600 SFT steps (300 until 2026-11-26): at 300 the tiny policy underfits its demonstrations
-    # (last SFT loss 0.015-0.030 on tallest) and RL does not make up for it; the SFT policies
-    # alone on 512 rollouts each, 3 seeds, 300 -> 600 steps: tallest 33.0 / 44.1 / 38.1 ->
-    # 45.5 / 99.2 / 98.8%, cards 90.0 / 91.0 / 6.2 -> 92.4 / 92.8 / 92.8%, count 34.8 -> 61.3%
-    # (experiments/TUNING.md)
-    sft: SFTSection = SFTSection(num_demos=64, steps=600, batch_rows=8)
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+    sft: SFTSection = SFTSection()
     mesh: MeshSection = MeshSection()
+
+
+# The paper's algorithm, setting by setting (docs/SUPO.md: Lu et al. 2025, sections 2 and 4;
+# "(?)" marks our reading where the paper is silent). The class defaults above hold these values;
+# `--print-config` marks every setting of a config that departs from them.
+PAPER_SUPO = {
+    "context.manager": "supo",
+    "context.trigger_ratio": 0.95,                  # L = 0.95 W
+    "context.trigger_rule": "paper",
+    "context.summary_role": "system",               # the summary instruction is a system turn
+    "context.summary_instruction": SUMMARY_INSTRUCTION,
+    "context.show_dropped_to_summarizer": False,    # (?)
+    "context.summary_counts_as_step": True,         # (?)
+    "rollout.group_size": 8,
+    "rollout.temperature": 1.0,
+    "rollout.dynamic_rounds": 0,                    # every group of a step trains
+    "advantage.estimator": "rollout_group",
+    "advantage.normalize_std": True,
+    "advantage.negative_weight": 1.0,
+    "advantage.masked_reasons": NO_ANSWER,          # overlong masking
+    "advantage.masked_count_in_stats": True,        # (?)
+    "advantage.rollout_weight": "tokens",
+    "advantage.permute_rewards": False,
+    "loss.objective": "ppo",
+    "loss.eps_low": 0.2,
+    "loss.eps_high": 0.28,
+    "loss.aggregation": "token-mean",
+    "loss.kl_coef": 0.0,
+    "loss.entropy_coef": 0.0,
+    "optim.lr": 1e-6,                               # for 7B-36B policies
+    "optim.schedule": "constant",
+    "optim.warmup_steps": 0,
+    "optim.ppo_epochs": 1,
+    "optim.max_kl": 0.0,
+    "train.sft_warm_start": False,                  # RL from the pretrained policy
+    "train.eval_temperature": 0.0,                  # (?) greedy evaluation
+    "train.eval_samples": 1,
+}
+
+
+def get(cfg: Config, key: str):
+    """The value of a dotted key (`section.field`) of cfg."""
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def departures(cfg: Config) -> dict[str, tuple]:
+    """key -> (cfg's value, the paper's) for every PAPER_SUPO setting cfg departs from."""
+    return {k: (get(cfg, k), v) for k, v in PAPER_SUPO.items() if get(cfg, k) != v}
 
 
 class ConfigError(ValueError):
@@ -395,10 +412,48 @@ def _check_knobs(env: EnvSection) -> None:
                                   f"fails with them ({type(e).__name__}: {e})") from None
 
 
+def format_config(cfg: Config, limit: int | None = None) -> str:
+    """Every setting of cfg as `key = value`, one a line; a setting that departs from the
+    paper's algorithm (PAPER_SUPO) ends with `# paper: value`. `limit`: the resolved L (it
+    needs the tokenizer), shown after the context section."""
+    out = departures(cfg)
+    lines = []
+
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            key, v = prefix + f.name, getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                walk(v, key + ".")
+                continue
+            mark = f"   # paper: {out[key][1]!r}" if key in out else ""
+            lines.append(f"{key} = {v!r}{mark}")
+            if key == "context.summary_counts_as_step" and limit is not None:
+                lines.append(f"# context: L = {limit} tokens ({cfg.context.trigger_rule} rule, "
+                             f"W = {cfg.context.working_context})")
+    walk(cfg, "")
+    lines.append(f"# {len(out)} departure(s) from the paper's algorithm"
+                 + (f": {', '.join(out)}" if out else ""))
+    return "\n".join(lines)
+
+
+# what `supo-jax train` runs without --config
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "cpu_recipe.py")
+
+
 def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """Config from a Python file defining config(), a run directory's config.json (the
-    settings a run was made with), or the embedded default; plus overrides."""
-    return apply_overrides(Config() if path is None else _config_file(path), overrides)
+    settings a run was made with), or (path None) the CPU recipe DEFAULT_CONFIG; plus
+    overrides."""
+    return apply_overrides(_config_file(path or DEFAULT_CONFIG), overrides)
+
+
+def describe(path: str | None) -> str:
+    """How a command names the config it runs (its first line of output)."""
+    if path is None:
+        return ("config: the CPU recipe (supo_jax/configs/cpu_recipe.py; --config FILE runs "
+                "another)")
+    return f"config: {path}"
 
 
 def _config_file(path: str) -> Config:
@@ -485,9 +540,16 @@ def config_changes(saved: dict, cfg, ignore: Sequence[str] = RESUMABLE_KEYS) -> 
     return out
 
 
+# settings added after runs were saved whose behaviour before them is not their class default:
+# a saved config without the key ran (and is read back) with this value
+BEFORE_ADDED = {"context.trigger_rule": "reserve", "context.summary_role": "user"}
+
+
 def _field_default(prefix: str, name: str):
-    """The JSON form of field `name`'s class default in the section at `prefix` (None when
-    there is none)."""
+    """The JSON form of the value a saved config without field `name` (in the section at
+    `prefix`) ran with: BEFORE_ADDED's, else the class default (None when there is none)."""
+    if prefix + name in BEFORE_ADDED:
+        return BEFORE_ADDED[prefix + name]
     tp = _section_type(prefix.rstrip(".")) if prefix else Config
     f = {f.name: f for f in dataclasses.fields(tp)}.get(name) if dataclasses.is_dataclass(tp) \
         else None
@@ -504,15 +566,17 @@ def _section_type(key: str):
     return tp
 
 
-def from_dict(d: dict, cls=Config):
-    """Inverse of to_dict (resolved configs saved in run directories)."""
+def from_dict(d: dict, cls=Config, prefix: str = ""):
+    """Inverse of to_dict (resolved configs saved in run directories); a key the dict lacks
+    takes the value runs saved without it ran with (BEFORE_ADDED, else the class default)."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - names
     if unknown:
         raise ConfigError(f"unknown config key {sorted(unknown)[0]!r} in {cls.__name__}")
-    kwargs = {}
+    kwargs = {k: BEFORE_ADDED[prefix + k] for k in names - set(d) if prefix + k in BEFORE_ADDED}
     for k, v in d.items():
         tp = hints[k]
-        kwargs[k] = from_dict(v, tp) if dataclasses.is_dataclass(tp) else _coerce(k, v, tp)
+        kwargs[k] = (from_dict(v, tp, f"{prefix}{k}.") if dataclasses.is_dataclass(tp)
+                     else _coerce(k, v, tp))
     return cls(**kwargs)

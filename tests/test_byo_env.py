@@ -1,6 +1,7 @@
 """Bring your own environment: the README's example file as written, experts as an optional
 public API (StateExpert), demonstrations as chat-messages JSONL, knobs that belong to their
 environment, env.imports from the working directory, one tokenizer for every command."""
+import functools
 import json
 import re
 import subprocess
@@ -8,10 +9,11 @@ import sys
 
 import pytest
 
-from supo_jax.agent.context import ContextConfig
+from supo_jax.agent.context import ContextConfig as _ContextConfig
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
-from supo_jax.config import Config, ConfigError, apply_overrides, load_config
+from supo_jax.config import ConfigError, apply_overrides, load_config
+from supo_jax.configs.cpu_recipe import config as cpu_recipe
 from supo_jax.envs import make_env, make_tasks
 from supo_jax.envs import experts as E
 from supo_jax.model.tiny import tiny_tokenizer
@@ -19,6 +21,10 @@ from supo_jax.rl.sft import assistant_text, conversation_segments, jsonl_segment
 from supo_jax.text.parsing import extract_summary
 
 from tests.readme_helpers import EXAMPLE, README, example_dir, user_shell_cores, user_shell_env
+
+# W is small in these tests: the reserve rule keeps a full summary request within W (the paper's
+# L = 0.95 W leaves too little room there); tests/test_context_bound.py covers both rules
+ContextConfig = functools.partial(_ContextConfig, trigger_rule="reserve")
 
 COMMAND = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.redcount\"\]'[^\n]*)\n",
                     README).group(1)
@@ -34,7 +40,7 @@ def rc_dir(tmp_path, monkeypatch):
 
 def test_readme_example_registers_env_and_expert_from_the_working_directory(rc_dir):
     assert str(rc_dir) not in sys.path
-    cfg = apply_overrides(Config(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
+    cfg = apply_overrides(cpu_recipe(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
     assert cfg.env.knobs == {} and cfg.env.eval_knobs == {}   # fncall/tallest's knobs dropped
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
     tasks = make_tasks("redcount", "train", 12)
@@ -91,28 +97,28 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
 
 
 def test_knobs_belong_to_their_environment():
-    assert apply_overrides(Config(), ["env.name=fncall/count"]).env.knobs == {}
-    cfg = apply_overrides(Config(), ["env.knobs.size=[3, 4]", "env.name=fncall/count"])
+    assert apply_overrides(cpu_recipe(), ["env.name=fncall/count"]).env.knobs == {}
+    cfg = apply_overrides(cpu_recipe(), ["env.knobs.size=[3, 4]", "env.name=fncall/count"])
     assert cfg.env.knobs == {"size": [3, 4]}
-    assert apply_overrides(Config(), ["env.knobs.size=[3, 4]"]).env.knobs == {"size": [3, 4]}
+    assert apply_overrides(cpu_recipe(), ["env.knobs.size=[3, 4]"]).env.knobs == {"size": [3, 4]}
     with pytest.raises(ConfigError, match=r"env\.knobs\.sise: .*takes no knob 'sise' "
                                           r"\(it takes: families, size\)"):
-        apply_overrides(Config(), ["env.knobs.sise=3"])
+        apply_overrides(cpu_recipe(), ["env.knobs.sise=3"])
     with pytest.raises(ConfigError, match=r"env\.eval_knobs\.bogus"):
-        apply_overrides(Config(), ["env.name=search", "env.eval_knobs.bogus=1"])
+        apply_overrides(cpu_recipe(), ["env.name=search", "env.eval_knobs.bogus=1"])
     with pytest.raises(ConfigError, match=r"sft\.steps=0, .*train\.sft_warm_start=false"):
-        apply_overrides(Config(), ["sft.steps=0"])     # was an IndexError after the demos
-    apply_overrides(Config(), ["sft.steps=0", "train.sft_warm_start=false"])
+        apply_overrides(cpu_recipe(), ["sft.steps=0"])     # was an IndexError after the demos
+    apply_overrides(cpu_recipe(), ["sft.steps=0", "train.sft_warm_start=false"])
 
 
 def test_a_knob_the_task_generator_rejects_fails_at_start(rc_dir):
     sets = ['env.imports=["my_envs.redcount"]', "env.name=redcount"]
-    assert apply_overrides(Config(), sets + ["env.knobs.size=9"]).env.knobs == {"size": 9}
+    assert apply_overrides(cpu_recipe(), sets + ["env.knobs.size=9"]).env.knobs == {"size": 9}
     with pytest.raises(ConfigError, match=r"env\.knobs=\{'size': \[5, 9\]\}: the task generator "
                                           r"of 'redcount' fails with them \(TypeError: "):
-        apply_overrides(Config(), sets + ["env.knobs.size=[5, 9]"])
+        apply_overrides(cpu_recipe(), sets + ["env.knobs.size=[5, 9]"])
     with pytest.raises(ConfigError, match=r"env\.eval_knobs=\{'size': 'x'\}"):
-        apply_overrides(Config(), sets + ["env.eval_knobs.size=x"])
+        apply_overrides(cpu_recipe(), sets + ["env.eval_knobs.size=x"])
 
 
 def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(rc_dir, tmp_path, capsys):
@@ -120,8 +126,8 @@ def test_no_expert_is_a_clear_error_and_a_model_policy_needs_none(rc_dir, tmp_pa
         'register_env("redcount"', 'register_env("redcount_noexp"'))
     sets = ['env.imports=["my_envs.noexp"]', "env.name=redcount_noexp"]
     with pytest.raises(ConfigError, match="has no scripted expert.*sft.demos=PATH"):
-        apply_overrides(Config(), sets)
-    cfg = apply_overrides(Config(), sets + ["train.sft_warm_start=false"])
+        apply_overrides(cpu_recipe(), sets)
+    cfg = apply_overrides(cpu_recipe(), sets + ["train.sft_warm_start=false"])
     from supo_jax.rl.runs import env_corpus, env_tokenizer
     corpus = "\n".join(env_corpus(cfg, n=2))
     assert "There are 1" in corpus and '"name": "read"' in corpus and "card 1 is " in corpus
@@ -217,7 +223,7 @@ def test_chat_messages_demonstrations_with_standard_tool_calls(tmp_path):
     assert "add one" in fmt.decode(list(seg.tokens))   # the default tools are in the prompt
     assert [seg] == conversation_segments(fmt, demo["messages"], tools)
     with pytest.raises(ConfigError, match="sft.demos='nope.jsonl': no such file"):
-        apply_overrides(Config(), ["sft.demos=nope.jsonl"])
+        apply_overrides(cpu_recipe(), ["sft.demos=nope.jsonl"])
 
 
 def test_every_command_builds_the_same_tokenizer():
@@ -280,7 +286,7 @@ def test_an_environment_that_raises_fails_its_rollouts_not_the_command(rc_dir):
     from supo_jax.rl.trainer import _REPORTED_ERRORS, report_env_errors
 
     (rc_dir / "my_envs" / "boom.py").write_text(BOOM)
-    cfg = apply_overrides(Config(), ['env.imports=["my_envs.boom"]', "env.name=redcount_boom"])
+    cfg = apply_overrides(cpu_recipe(), ['env.imports=["my_envs.boom"]', "env.name=redcount_boom"])
     corpus = "\n".join(env_corpus(cfg))
     assert "card 0 is blue." in corpus and "There are 1" in corpus
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
@@ -350,7 +356,7 @@ def test_an_environment_probe_gives_summary_state_share(rc_dir):
     from supo_jax.agent.rollout import summarize
     from supo_jax.envs.base import register_env
 
-    apply_overrides(Config(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
+    apply_overrides(cpu_recipe(), ['env.imports=["my_envs.redcount"]', "env.name=redcount"])
     from my_envs.redcount import RedCount, RedCountExpert, tasks
 
     class Probed(RedCount):

@@ -1,4 +1,5 @@
 """Configs: every experiment file loads; overrides are typed; typos name the key."""
+import dataclasses
 import glob
 import os
 
@@ -96,4 +97,130 @@ def test_config_changes_ignore_settings_added_since_at_their_default():
     changed = apply_overrides(Config(), ["advantage.negative_weight=0.5"])
     assert config_changes(saved, changed) == ["advantage.negative_weight: None -> 0.5"]
     assert config_changes(saved, apply_overrides(base, ["optim.lr=0.001"])) == [
-        "optim.lr: 0.0001 -> 0.001"]
+        "optim.lr: 1e-06 -> 0.001"]
+
+
+# The paper's SUPO, written here from SUPO.md (sections 2 and 4; "(?)" = the paper is silent and
+# this is our reading): the reference the code's PAPER_SUPO, the class defaults and the paper
+# configs are held to.
+PAPER = {
+    "context.manager": "supo", "context.trigger_ratio": 0.95, "context.trigger_rule": "paper",
+    "context.summary_role": "system", "context.show_dropped_to_summarizer": False,   # (?)
+    "context.summary_counts_as_step": True,                                          # (?)
+    "rollout.group_size": 8, "rollout.temperature": 1.0, "rollout.dynamic_rounds": 0,
+    "advantage.estimator": "rollout_group", "advantage.normalize_std": True,
+    "advantage.negative_weight": 1.0,
+    "advantage.masked_reasons": ("max_summaries", "max_steps", "context_limit", "env_error",
+                                 "timeout"),
+    "advantage.masked_count_in_stats": True, "advantage.rollout_weight": "tokens",
+    "advantage.permute_rewards": False,
+    "loss.objective": "ppo", "loss.eps_low": 0.2, "loss.eps_high": 0.28,
+    "loss.aggregation": "token-mean", "loss.kl_coef": 0.0, "loss.entropy_coef": 0.0,
+    "optim.lr": 1e-6, "optim.schedule": "constant", "optim.warmup_steps": 0,
+    "optim.ppo_epochs": 1, "optim.max_kl": 0.0,
+    "train.sft_warm_start": False, "train.eval_temperature": 0.0,      # (?) greedy evaluation
+    "train.eval_samples": 1,
+}
+PAPER_CONFIGS = ("paper_fncall_supo.py", "paper_search_supo.py")
+SECTIONS = {"context": "ContextConfig", "rollout": "RolloutSection", "advantage": "AdvantageConfig",
+            "loss": "LossConfig", "optim": "OptimSection", "train": "TrainSection"}
+
+
+def _values(cfg):
+    from supo_jax.config import get
+    return {k: get(cfg, k) for k in PAPER}
+
+
+def test_defaults_and_paper_configs_are_the_papers_algorithm():
+    from supo_jax import config as C
+    from supo_jax.text.templates import SUMMARY_INSTRUCTION
+
+    assert {k: v for k, v in C.PAPER_SUPO.items() if k != "context.summary_instruction"} == PAPER
+    assert C.PAPER_SUPO["context.summary_instruction"] == SUMMARY_INSTRUCTION
+    assert _values(Config()) == PAPER and C.departures(Config()) == {}
+    for name in PAPER_CONFIGS:
+        cfg = load_config(os.path.join(ROOT, "experiments", "configs", name))
+        assert _values(cfg) == PAPER, name
+        assert C.departures(cfg) == {}, name
+    grpo = load_config(os.path.join(ROOT, "experiments", "configs", "paper_fncall_grpo32k.py"))
+    assert list(C.departures(grpo)) == ["context.manager"]     # the baseline, same update
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS + ("smollm2_supo.py",))
+def test_paper_and_pretrained_configs_state_every_algorithm_field(name):
+    """Inherited values change when a default does: these files write each setting out."""
+    import ast
+
+    tree = ast.parse(open(os.path.join(ROOT, "experiments", "configs", name)).read())
+    stated = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            stated.setdefault(node.func.id, set()).update(k.arg for k in node.keywords)
+    missing = [k for k in [*PAPER, "context.summary_instruction"]
+               if k.split(".")[1] not in stated.get(SECTIONS[k.split(".")[0]], ())]
+    assert not missing, f"{name} leaves {missing} to the defaults"
+
+
+def test_cpu_recipe_departs_in_exactly_its_listed_settings():
+    from supo_jax import config as C
+    from supo_jax.configs import cpu_recipe
+
+    cfg = load_config(None)
+    assert cfg == C.validate(cpu_recipe.config())
+    assert set(C.departures(cfg)) == set(cpu_recipe.DEPARTURES)
+    assert all(0 < len(why) <= 100 for why in cpu_recipe.DEPARTURES.values())
+
+
+def test_runs_saved_before_the_trigger_rule_and_role_existed_keep_their_behaviour():
+    """A config.json without context.trigger_rule / summary_role ran with L = min(0.95 W,
+    W - reserve) and a user-turn instruction: read back so, and no change against the recipe."""
+    import json
+
+    from supo_jax.config import config_changes
+
+    recipe = load_config(None)
+    saved = json.loads(json.dumps(to_dict(recipe), default=str))
+    del saved["context"]["trigger_rule"], saved["context"]["summary_role"]
+    old = from_dict(saved)
+    assert (old.context.trigger_rule, old.context.summary_role) == ("reserve", "user")
+    assert config_changes(saved, recipe) == []
+    paper = apply_overrides(recipe, ["context.trigger_rule=paper"])
+    assert config_changes(saved, paper) == ["context.trigger_rule: None -> 'paper'"]
+
+
+def test_paper_trigger_is_095_W_and_reserve_is_the_recipes_L():
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.model.tiny import tiny_tokenizer
+    from supo_jax.rl.runs import env_tokenizer
+
+    fmt = ChatFormat(tiny_tokenizer(template="qwen"))
+    for name, w in (("paper_fncall_supo.py", 4096), ("paper_search_supo.py", 65536)):
+        ctx = load_config(os.path.join(ROOT, "experiments", "configs", name)).context
+        assert ctx.limit(fmt) == int(0.95 * w) and ctx.trigger_rule == "paper"
+        reserve = dataclasses.replace(ctx, trigger_rule="reserve")
+        assert reserve.limit(fmt) == min(int(0.95 * w), w - reserve.reserve(fmt))
+        # at 4K the reserve rule (a 1024-token summary's room) triggers far below 0.95 W
+        assert reserve.limit(fmt) < 0.75 * w if w == 4096 else reserve.limit(fmt) == ctx.limit(fmt)
+    # an action always has a token of room, however close to W the trigger is
+    tight = ContextConfig(working_context=40, trigger_ratio=1.0)
+    assert tight.limit(fmt) == 40 - len(fmt.gen_prompt) - 1
+    recipe = load_config(None)
+    fmt = ChatFormat(env_tokenizer(recipe))
+    # W - (instruction turn + generation prompt + 48-token summary); 0.95 W would be 423
+    assert recipe.context.limit(fmt) == 446 - recipe.context.reserve(fmt) == 371
+
+
+def test_print_config_marks_every_departure_and_exits(capsys):
+    from supo_jax import cli
+    from supo_jax.configs.cpu_recipe import DEPARTURES
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--print-config", "--set", "optim.lr=0.5"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("config: the CPU recipe")
+    marked = {line.split(" = ")[0] for line in out if "   # paper: " in line}
+    assert marked == set(DEPARTURES)
+    assert "optim.lr = 0.5   # paper: 1e-06" in out
+    assert "# context: L = 371 tokens (reserve rule, W = 446)" in out

@@ -1,12 +1,13 @@
-"""W is a hard bound: 2400 random rollouts (480 per manager) (random action, summary and observation
-lengths, actions cut at their budget, every context manager, random W and caps); no
+"""W is a hard bound: 4800 random rollouts (480 per manager and trigger rule) (random action,
+summary and observation lengths, actions cut at their budget, every context manager, both
+trigger rules, the summary instruction as a system or a user turn, random W and caps); no
 request plus its generation and no training row ever exceeds W, and every budget is >= 1."""
 import dataclasses
 import random
 
 import pytest
 
-from supo_jax.agent.context import MANAGERS, ContextConfig
+from supo_jax.agent.context import MANAGERS, SUMMARY_ROLES, TRIGGER_RULES, ContextConfig
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import run_rollouts
 from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec
@@ -57,10 +58,11 @@ class _RandomActor:
         return out
 
 
+@pytest.mark.parametrize("rule", TRIGGER_RULES)
 @pytest.mark.parametrize("manager", MANAGERS)
-def test_no_request_or_row_exceeds_W(manager):
+def test_no_request_or_row_exceeds_W(manager, rule):
     fmt = ChatFormat(tiny_tokenizer())
-    rng = random.Random(hash(manager) % 1000)
+    rng = random.Random(f"{manager} {rule}")
     errors, rollouts = [], 0
     for trial in range(5):
         cfg = ContextConfig(
@@ -68,8 +70,10 @@ def test_no_request_or_row_exceeds_W(manager):
             max_summaries=rng.randint(0, 4), max_steps=rng.randint(3, 40),
             max_action_tokens=rng.randint(8, 120), max_summary_tokens=rng.randint(8, 96),
             max_observation_tokens=rng.randint(8, 150), window_turns=rng.randint(1, 5),
-            show_dropped_to_summarizer=rng.random() < 0.5,
-            summary_instruction="Summarize the progress so far in <summary></summary>.")
+            show_dropped_to_summarizer=rng.random() < 0.5, trigger_rule=rule,
+            summary_role=rng.choice(SUMMARY_ROLES),
+            summary_instruction="Summarize the progress so far in <summary></summary>."
+            + " Keep the state." * rng.choice([0, 0, 4, 16]))
         if cfg.limit(fmt) < 200:
             cfg = dataclasses.replace(cfg, working_context=cfg.working_context + 400)
         actor = _RandomActor(fmt, rng, cfg, errors)

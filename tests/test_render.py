@@ -57,8 +57,9 @@ def test_segment_tokens_equal_template_rendering(fmt):
 def test_summary_segment_and_restart_render_like_template(fmt):
     msgs = [{"role": "user", "content": "Count the items."}]
     st = C.initial_state(fmt, msgs, TOOLS)
-    L = len(st.tokens) + 60
-    cfg = C.ContextConfig(working_context=L, trigger_ratio=1.0, max_summaries=2)
+    cfg = C.ContextConfig(trigger_ratio=1.0, max_summaries=2, max_summary_tokens=16,
+                          trigger_rule="reserve")
+    cfg = dataclasses.replace(cfg, working_context=len(st.tokens) + 60 + cfg.reserve(fmt))
     convo = list(msgs)
     i = 0
     while st.phase == "act":
@@ -71,7 +72,7 @@ def test_summary_segment_and_restart_render_like_template(fmt):
         i += 1
     assert st.phase == "summarize"
     # the overflowing pair is dropped: the summary request is the old context + instruction
-    want = convo + [{"role": "user", "content": cfg.summary_instruction}]
+    want = convo + [{"role": cfg.summary_role, "content": cfg.summary_instruction}]
     assert list(C.request_tokens(fmt, st)) == _template_ids(fmt, want, gen=True)
     assert st.tokens == prev.tokens
     summary = "<summary>\nlooked at items 0-3\n</summary>"
@@ -88,7 +89,7 @@ def test_summary_segment_and_restart_render_like_template(fmt):
 def test_summarizer_can_see_dropped_pair(fmt):
     msgs = [{"role": "user", "content": "Go."}]
     st = C.initial_state(fmt, msgs, TOOLS)
-    cfg = C.ContextConfig(trigger_ratio=1.0, show_dropped_to_summarizer=True, max_action_tokens=100,
+    cfg = C.ContextConfig(trigger_ratio=1.0, trigger_rule="reserve", show_dropped_to_summarizer=True, max_action_tokens=100,
                           max_observation_tokens=60, max_summary_tokens=20)
     cfg = dataclasses.replace(cfg, working_context=len(st.tokens) + 30 + cfg.reserve(fmt))
     a = '<tool_call>\n{"name": "look", "arguments": {"i": 1}}\n</tool_call>'

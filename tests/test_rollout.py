@@ -1,10 +1,11 @@
 """The batched rollout driver with scripted experts and with a real (tiny) policy."""
+import functools
 import time
 
 import numpy as np
 import pytest
 
-from supo_jax.agent.context import ContextConfig
+from supo_jax.agent.context import ContextConfig as _ContextConfig
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import PolicyActor, Rollout, ScriptedActor, run_rollouts, summarize
 from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, make_env, make_tasks
@@ -12,6 +13,10 @@ from supo_jax.envs.fncall import expert_for
 from supo_jax.model.policy import new_policy
 from supo_jax.model.tiny import tiny_config, tiny_tokenizer
 from supo_jax.sampling.sampler import SamplingParams
+
+# W is small in these tests: the reserve rule keeps a full summary request within W (the paper's
+# L = 0.95 W leaves too little room there); tests/test_context_bound.py covers both rules
+ContextConfig = functools.partial(_ContextConfig, trigger_rule="reserve")
 
 FAMILIES = ["tallest", "pages", "chain", "graph"]
 

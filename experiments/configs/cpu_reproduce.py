@@ -3,14 +3,16 @@ items of a row of 5-9 whose length is hidden, one `look(i)` per turn. The number
 rollout needs is the row's length, which only the observations reveal, and stopping early gives
 a wrong count: the reward cannot be gamed by learning when to stop. At W = 512 the history
 outgrows the working context (the scripted expert solves 17% under `full` at W, 100% under
-SUPO with S = 3 and under `full` at W * (S + 1) = 2048)."""
+SUPO with S = 3 and under `full` at W * (S + 1) = 2048). Built on the CPU recipe
+(supo_jax/configs/cpu_recipe.py), with the settings its committed results were run with."""
 import dataclasses
 
 from supo_jax.config import Config
+from supo_jax.configs.cpu_recipe import config as cpu_recipe
 
 
 def config() -> Config:
-    base = Config()
+    base = cpu_recipe()
     return dataclasses.replace(
         base,
         env=dataclasses.replace(base.env, name="fncall/count", knobs={"size": [5, 9]},

@@ -36,7 +36,8 @@ def config() -> Config:
         # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
         context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
                               max_action_tokens=24, max_summary_tokens=24,
-                              max_observation_tokens=48),
+                              max_observation_tokens=48, trigger_rule="reserve",
+                              summary_role="user"),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),
         advantage=AdvantageConfig(masked_reasons=()),
         loss=LossConfig(entropy_coef=0.01),

@@ -11,11 +11,19 @@ context + generation prompt), "summarize" (context + summary instruction +
 generation prompt) or "done" (with `state.reason`).
 
 W is a hard bound: no request plus its output, and no training row, ever exceeds W
-tokens. Every generation's budget is min(its max tokens, W - request length), and the
-manager acts at L = min(trigger_ratio * W, W - reserve) where reserve is what a summary
-request still needs after the context (instruction + generation prompt + max summary
-tokens; for managers that never summarize, the generation prompt + 1 token): a context
-below L always leaves room for the next action and for a full summary.
+tokens. Every generation's budget is min(its max tokens, W - request length). The manager
+acts at L (ContextConfig.trigger_rule):
+  paper    L = floor(trigger_ratio * W), the paper's 0.95 W (clamped to W - generation
+           prompt - 1, so that an action always has a token of room; this binds only when
+           W is below ~20 generation prompts). A summary request (context below L +
+           instruction + generation prompt) gets what W leaves, up to max_summary_tokens: a
+           summary cut at W is used as written. A request that leaves no token ends the
+           rollout as context_limit (no answer, so overlong-masked).
+  reserve  L = min(trigger_ratio * W, W - reserve), where reserve is what a summary request
+           still needs after the context (instruction + generation prompt + max summary
+           tokens; for managers that never summarize, the generation prompt + 1 token): a
+           context below L always leaves room for the next action and for a full summary.
+The summary instruction is a `summary_role` turn (system, as in the paper, or user).
 
 Managers (ContextConfig.manager):
   supo               SUPO.md §2: when len(context + action + observation) >= L,
@@ -45,6 +53,8 @@ from supo_jax.agent.render import ChatFormat
 from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
+TRIGGER_RULES = ("paper", "reserve")
+SUMMARY_ROLES = ("system", "user")
 REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout")
 ENV_FAILURES = ("env_error", "timeout")   # reasons where the environment failed the rollout
 NO_ANSWER = REASONS[1:]   # the rollout ended without an answer (overlong masking masks these)
@@ -55,12 +65,15 @@ class ContextConfig:
     manager: str = "supo"
     working_context: int = 4096        # W (tokens)
     trigger_ratio: float = 0.95        # L = trigger_ratio * W
+    trigger_rule: str = "paper"        # paper: L = trigger_ratio * W | reserve: min(that,
+                                       # W - room for a full summary request); module doc
     max_summaries: int = 7             # S
     max_steps: int = 100               # H (a summary turn counts as a step)
     max_action_tokens: int = 256
     max_summary_tokens: int = 512
     max_observation_tokens: int = 512  # longer observations are cut (and say so)
     summary_instruction: str = SUMMARY_INSTRUCTION
+    summary_role: str = "system"       # the instruction's turn: system (the paper) | user
     continuation: str = CONTINUATION   # {prompt} is the task prompt, {summary} the summary
     show_dropped_to_summarizer: bool = False
     window_turns: int = 4
@@ -69,6 +82,10 @@ class ContextConfig:
     def __post_init__(self):
         if self.manager not in MANAGERS:
             raise ValueError(f"context.manager={self.manager!r} is not one of {', '.join(MANAGERS)}")
+        for f, allowed in (("trigger_rule", TRIGGER_RULES), ("summary_role", SUMMARY_ROLES)):
+            if getattr(self, f) not in allowed:
+                raise ValueError(f"context.{f}={getattr(self, f)!r} is not one of "
+                                 f"{', '.join(allowed)}")
         if not 0 < self.trigger_ratio <= 1:
             raise ValueError(f"context.trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         for f in ("working_context", "max_steps", "max_action_tokens", "max_summary_tokens",
@@ -96,14 +113,21 @@ class ContextConfig:
         gp = len(fmt.gen_prompt)
         if not self.summarizes:
             return gp + 1
-        n = fmt.instruction_len(self.summary_instruction) + gp + self.max_summary_tokens
+        n = self.instruction_len(fmt) + gp + self.max_summary_tokens
         if self.show_dropped_to_summarizer:     # room for the dropped action + observation too
             n += gp + self.max_action_tokens + self.max_observation_tokens + len(
                 fmt.turn("assistant", "tool", ""))
         return n
 
+    def instruction_len(self, fmt: ChatFormat) -> int:
+        """Tokens of the summary instruction's turn after a user or a tool turn (the longer)."""
+        return fmt.instruction_len(self.summary_instruction, self.summary_role)
+
     def limit(self, fmt: ChatFormat) -> int:
-        """The effective L: min(trigger, W - reserve(fmt))."""
+        """The effective L (trigger_rule): paper min(trigger, W - generation prompt - 1),
+        reserve min(trigger, W - reserve(fmt))."""
+        if self.trigger_rule == "paper":
+            return min(self.trigger, self.working_context - len(fmt.gen_prompt) - 1)
         return min(self.trigger, self.working_context - self.reserve(fmt))
 
     def row_bound(self, fmt: ChatFormat) -> int:
@@ -255,10 +279,13 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
         last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
         return finish(dataclasses.replace(grown, dropped=dropped), reason, end=last)
     # shown to the summarizer only if the summary request still fits W
-    need = fmt.instruction_len(cfg.summary_instruction) + len(gp) + cfg.max_summary_tokens
+    need = cfg.instruction_len(fmt) + len(gp) + cfg.max_summary_tokens
     show = cfg.show_dropped_to_summarizer and grown.context_len + need <= cfg.working_context
     base = grown if show else state
-    instr = tuple(fmt.turn(base.last_role, "user", cfg.summary_instruction))
+    instr = tuple(fmt.turn(base.last_role, cfg.summary_role, cfg.summary_instruction))
+    if len(base.tokens) + len(instr) + len(gp) >= cfg.working_context:   # no room for a summary
+        last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
+        return finish(dataclasses.replace(grown, dropped=dropped), "context_limit", end=last)
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
     seg_state = grown if show else dataclasses.replace(
         state, steps=steps, tool_calls=grown.tool_calls, generated_tokens=grown.generated_tokens,
@@ -266,7 +293,7 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     seg_state = dataclasses.replace(seg_state, dropped=dropped)
     return dataclasses.replace(
         seg_state, phase="summarize", pending=base.tokens + instr,
-        messages=base.messages + ({"role": "user", "content": cfg.summary_instruction},))
+        messages=base.messages + ({"role": cfg.summary_role, "content": cfg.summary_instruction},))
 
 
 def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summary: Turn,

@@ -113,7 +113,12 @@ class ChatFormat:
     @functools.lru_cache(maxsize=None)
     def _pieces(self, prev: str, role: str) -> tuple[str, str]:
         base = _BASES[prev]
-        full = self._render(base + [{"role": role, "content": _T}])
+        try:
+            full = self._render(base + [{"role": role, "content": _T}])
+        except Exception as e:   # noqa: BLE001  (jinja's errors: a template that refuses the turn)
+            raise ValueError(f"the chat template cannot render a {role} turn after a {prev} turn "
+                             f"({type(e).__name__}: {e}); a summary instruction can be a user "
+                             "turn instead: context.summary_role=user") from None
         if prev == "assistant":
             start = self._render(base).index(_A) + len(_A)
         else:
@@ -125,9 +130,9 @@ class ChatFormat:
         return d[:i], d[i + len(_T):]
 
     @functools.lru_cache(maxsize=None)
-    def instruction_len(self, text: str) -> int:
-        """Tokens of a user turn holding `text` after a user or a tool turn (the longer)."""
-        return max(len(self.turn(prev, "user", text)) for prev in ("user", "tool"))
+    def instruction_len(self, text: str, role: str = "user") -> int:
+        """Tokens of a `role` turn holding `text` after a user or a tool turn (the longer)."""
+        return max(len(self.turn(prev, role, text)) for prev in ("user", "tool"))
 
     def prompt(self, messages: list[dict], tools=None) -> list[int]:
         """Tokens of the initial prompt s1 (system + tools + user task), closed."""

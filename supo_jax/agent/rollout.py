@@ -242,7 +242,7 @@ class _Driver:
             for r in rs:
                 toks = C.request_tokens(self.fmt, r.state)
                 is_sum = r.state.phase == "summarize"
-                budget = cfg.budget(len(toks), is_sum)    # > 0: a context below L leaves room
+                budget = cfg.budget(len(toks), is_sum)    # >= 1: the manager leaves room
                 reqs.append(Request(r.slot, toks, budget, r.state.messages, is_sum))
             for r, g in zip(rs, a.act(reqs)):
                 gens[r.slot] = g
@@ -254,7 +254,7 @@ class _Driver:
             g = gens[r.slot]
             text = self.fmt.action_text(g.tokens)
             turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
-            r.transcript += [{"role": "user", "content": cfg.summary_instruction},
+            r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
                              {"role": "assistant", "content": text, "summary": True}]
             r.summaries.append(text)
             try:  # does the summary carry the state needed to continue? (a metric)

@@ -60,9 +60,9 @@ def conversation_segments(fmt: ChatFormat, messages: Sequence[dict], tools=None,
     end-of-turn token) are trained, everything else is context.
 
     Summary turns split it as SUPO splits a rollout: an assistant message marked
-    `"summary": true` closes the row (after ctx.summary_instruction as a user turn, unless the
-    message before it is that turn; <summary> tags are added when its content has none), and the
-    next row starts from the prompt and ctx.continuation holding the summary. Rollout
+    `"summary": true` closes the row (after ctx.summary_instruction as a ctx.summary_role
+    turn, unless the message before it is that turn; <summary> tags are added when its content
+    has none), and the next row starts from the prompt and ctx.continuation holding the summary. Rollout
     transcripts carry the same marks: a user message marked `"continuation": true` is rebuilt
     from ctx, and messages marked `"dropped": true` (the action and observation SUPO cut from
     the context when they reached L) are left out."""
@@ -97,8 +97,8 @@ def conversation_segments(fmt: ChatFormat, messages: Sequence[dict], tools=None,
             text = m.get("content") or ""
             if extract_summary(text) is None:
                 text = f"<summary>{text.strip()}</summary>"
-            if not (prev == "user" and prev_text == ctx.summary_instruction):
-                add(fmt.turn(prev, "user", ctx.summary_instruction, last_action), 0)
+            if not (prev == ctx.summary_role and prev_text == ctx.summary_instruction):
+                add(fmt.turn(prev, ctx.summary_role, ctx.summary_instruction, last_action), 0)
         else:
             text = assistant_text(m)
         add(fmt.gen_prompt, 0)

@@ -1,0 +1,1 @@
+"""Config files that ship with the package (each defines `config() -> Config`)."""
