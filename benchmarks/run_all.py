@@ -143,7 +143,7 @@ each benchmark is one script, `python benchmarks/NAME.py`, which can be rerun al
 section. Benchmarks print figures and ratios; they are not tests.
 """]
     if all_res:
-        parts.append("## Targets (project issues 7 and 14)\n\n" + targets_table(all_res) + "\n")
+        parts.append("## Targets (the speed and memory goals set for the project)\n\n" + targets_table(all_res) + "\n")
         notes = [n for n in (_module(name).limits(res) for name, res in all_res.items()
                              if hasattr(_module(name), "limits")) if n]
         if notes:

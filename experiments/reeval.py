@@ -10,10 +10,10 @@ sampling), with one sampling seed for all, so policies are compared on identical
         runs/count/sft runs/count/supo/seed0/hf runs/count/supo/seed1/hf
 
 It prints one line per policy (success, rollouts at the cap, state-carrying summaries) and
-keeps every result in --out (a JSON object keyed by the policy's path and N), so a rerun skips
-what is there. The SFT policy a run warm-started from in memory is rebuilt by
-supo-jax sft --config RUN --set train.run_dir=DIR (the same seed, demonstrations and steps),
-which saves it to DIR/sft.
+keeps every result in --out (a JSON object keyed by the policy's path and N, each result with
+the commit, dirty flag and UTC date it was scored at), so a rerun skips what is there. The SFT
+policy a run warm-started from in memory is rebuilt by supo-jax sft --config RUN --set
+train.run_dir=DIR (the same seed, demonstrations and steps), which saves it to DIR/sft.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     from supo_jax.config import load_config
     from supo_jax.model.policy import load_policy
     from supo_jax.rl.trainer import evaluate
+    from supo_jax.utils import provenance
 
     # validates the config, which imports env.imports from the working directory
     cfg = load_config(args.config, [*args.set, f"env.eval_tasks={args.tasks}"])
@@ -55,6 +56,7 @@ def main(argv=None) -> int:
             results[key] = {k: r[k] for k in ("success_rate", "overlong_rate",
                                               "summary_state_share", "rollouts")}
             results[key]["seconds"] = round(time.time() - t0, 1)
+            results[key].update(provenance())   # commit, dirty, date: each score its own
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
         r = results[key]

@@ -1,4 +1,4 @@
-"""Reproduce the SUPO paper's claims at CPU scale (SUPO.md §6-§7), in one command:
+"""Reproduce the SUPO paper's claims at CPU scale (docs/SUPO.md §6-§7), in one command:
 
     python experiments/reproduce_cpu.py --out runs/reproduce      # ~30 min on 2 CPU cores
 
@@ -108,6 +108,7 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
 def main(argv=None) -> int:
     from supo_jax import config as C
     from supo_jax import sweep
+    from supo_jax.utils import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
                      else f"{base.env.eval_tasks} tasks, greedy"),
             "task": f"{base.env.name} {base.env.knobs}, W={W}, S={S}, H={base.context.max_steps}, "
                     f"{base.rollout.tasks_per_step} tasks x G={base.rollout.group_size} per step, "
-                    f"{base.train.steps} steps"}
+                    f"{base.train.steps} steps",
+            **provenance()}   # commit (short hash of HEAD), dirty, date (UTC)
     md = results_markdown(rows, labels, W, S, scaling, sft, meta)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)

@@ -74,8 +74,16 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "long: minutes of work; the items of its module are scheduled first")
     config.addinivalue_line(
+        "markers", "slow: left out of the fast tier (`-m \"not slow\"`); every `long` test is")
+    config.addinivalue_line(
         "markers", f"cpu_devices: needs the {CPU_DEVICES} simulated CPU devices; where the "
         "default JAX platform is not the CPU it runs in a subprocess with JAX_PLATFORMS=cpu")
+
+
+def pytest_itemcollected(item):
+    """Before -m deselects: the fast tier (`-m "not slow"`) leaves the `long` tests out."""
+    if item.get_closest_marker("long") and not item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(trylast=True)   # after -k / -m deselection: delegate only what will run

@@ -1,5 +1,6 @@
-"""The README as the tests read it: its text, its environment example in a working directory
-of its own, and the environment of a user's shell for running its commands."""
+"""The README and docs as the tests read them: their text, the environment example (docs/
+ENVIRONMENTS.md) in a working directory of its own, and the environment of a user's shell for
+running their commands."""
 import contextlib
 import os
 import re
@@ -7,8 +8,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
-TUNING = open(os.path.join(ROOT, "experiments", "TUNING.md")).read()   # what README cites
-EXAMPLE = re.search(r"```python\n# my_envs/redcount.py\n(.*?)```", README, re.S).group(1)
+DOCS = {name: open(os.path.join(ROOT, "docs", name)).read()
+        for name in sorted(os.listdir(os.path.join(ROOT, "docs"))) if name.endswith(".md")}
+EXAMPLE = re.search(r"```python\n# my_envs/redcount.py\n(.*?)```", DOCS["ENVIRONMENTS.md"],
+                    re.S).group(1)
 
 
 @contextlib.contextmanager

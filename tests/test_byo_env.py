@@ -66,7 +66,7 @@ def test_readme_example_registers_env_and_expert_from_the_working_directory(rc_d
 
 def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
     assert COMMAND == ("supo-jax train --set 'env.imports=[\"my_envs.redcount\"]' "
-                       "--set env.name=redcount")
+                       "--set env.name=redcount --set train.run_dir=runs/redcount")
     out = rc_dir / "r.jsonl"
     r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "redcount",
                         "--set", 'env.imports=["my_envs.redcount"]', "--policy", "scripted",
@@ -84,14 +84,13 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
     tools = [t.schema() for t in make_env("redcount").reset(make_tasks("redcount", "train", 1)[0]).tools]
     assert jsonl_segments(fmt, str(out), tools, ctx=cfg.context) == [
         s for x in recs for s in x.segments]
-    # the README's scripted-expert figure under `full` is what its command prints
-    said = re.search(r"`(supo-jax rollout --env redcount [^`]*--context full[^`]*)` prints "
-                     r"`success_rate ([\d.]+)`", " ".join(README.split()))
-    assert said, "the README no longer quotes the scripted expert's rollout under full"
-    r = subprocess.run(said.group(1), shell=True, capture_output=True, text=True, cwd=rc_dir,
-                       env=user_shell_env(), timeout=300)
+    # the task needs summaries: under `full` at the same W the expert solves none
+    r = subprocess.run("supo-jax rollout --env redcount --set 'env.imports=[\"my_envs.redcount\"]' "
+                       "--policy scripted --context full --num 16", shell=True,
+                       capture_output=True, text=True, cwd=rc_dir, env=user_shell_env(),
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == said.group(2)
+    assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == "0.0"
     assert re.search(r"^summary_state_share\s+-$", r.stdout, re.M)   # no probe: no figure
     assert sorted(p.name for p in rc_dir.iterdir()) == ["my_envs", "r.jsonl"]   # no --out
 
@@ -242,19 +241,12 @@ def test_readme_train_command_verbatim(rc_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     row = re.search(r"^success_rate\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", r.stdout, re.M)
     assert row, r.stdout[-2000:]
-    # the figures the README quotes for this command are the ones it prints
-    said = re.search(r"starts at ([\d.]+) held-out success and ends at ([\d.]+) after 30 SUPO "
-                     r"steps \(training rollouts ([\d.]+) -> ([\d.]+)\)", " ".join(README.split()))
-    assert said, "the README no longer quotes the train command's success figures"
-    before, after, step1, step30 = said.groups()
-    # the run is deterministic on one CPU and core count; another's rounding samples other tokens (a
-    # second machine printed 0.719 where the README's earlier example said 0.734), and 30 RL
-    # steps carry such a difference further: within 0.1 before RL, 0.2 after
-    got = [float(x) for x in row.groups()]
-    want = [float(x) for x in (before, step1, step30, after)]
-    assert all(abs(g - w) <= tol for g, w, tol in zip(got, want, (0.1, 0.1, 0.2, 0.2))), (
-        got, want, r.stdout[-2000:])
-    assert (rc_dir / "runs" / "default" / "hf" / "config.json").exists()
+    # learning from the rewards, not drift: seed 0 went 0.203 -> 0.562 held out
+    # (experiments/LOG.md), where the same run with rewards permuted (a placebo) fell below
+    # its start on 512 rollouts; the band asks for most of the real gain
+    before, after = float(row.group(1)), float(row.group(4))
+    assert after >= before + 0.15, r.stdout[-2000:]
+    assert (rc_dir / "runs" / "redcount" / "hf" / "config.json").exists()
 
 
 BOOM = '''

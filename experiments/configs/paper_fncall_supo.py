@@ -1,4 +1,4 @@
-"""SUPO.md §8 CodeGym-style setup on a TPU pod: W = 4K, S = 7, H = 100, 128 prompts x G = 8 per
+"""docs/SUPO.md §8 CodeGym-style setup on a TPU pod: W = 4K, S = 7, H = 100, 128 prompts x G = 8 per
 step, lr 1e-6, 100 steps, the paper's update setting by setting (supo_jax.config.PAPER_SUPO;
 tests/test_config.py checks it). Point model.path at a local HF checkout:
     supo-jax train --config experiments/configs/paper_fncall_supo.py --set model.path=/ckpt/Qwen2.5-7B-Instruct

@@ -1,4 +1,4 @@
-"""SUPO.md §8 BrowseComp-Plus-style setup: search over a local corpus, W = 64K, S = 2, the
+"""docs/SUPO.md §8 BrowseComp-Plus-style setup: search over a local corpus, W = 64K, S = 2, the
 paper's update setting by setting (supo_jax.config.PAPER_SUPO; tests/test_config.py checks it).
     supo-jax train --config experiments/configs/paper_search_supo.py --set model.path=/ckpt/MODEL
 """
