@@ -8,6 +8,7 @@ Orbax writes collectively.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -15,7 +16,19 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
-log = logging.getLogger(__name__)
+
+@contextlib.contextmanager
+def _quiet_loggers(names=("absl", "orbax", "orbax.checkpoint", "jax._src")):
+    """Errors only from the named loggers while the block runs."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _abstract(tree):
@@ -68,14 +81,14 @@ class RunCheckpoints:
                                   meta=ocp.args.JsonRestore())
         for step in reversed(self.steps()):
             try:
-                out = self.manager.restore(step, args=args)
+                with _quiet_loggers():   # Orbax logs a failed read at length: our line says it
+                    out = self.manager.restore(step, args=args)
                 return step, out["params"], out["opt_state"], out["meta"]
             except Exception as e:  # noqa: BLE001 - any failure to read means "unusable"
                 self.bad_steps.add(step)
-                msg = (f"checkpoint step {step} in {self.directory} cannot be restored "
-                       f"({type(e).__name__}: {str(e)[:200]}); falling back to an earlier one")
-                warnings.warn(msg)
-                log.warning(msg)
+                warnings.warn(f"checkpoint step {step} in {self.directory} cannot be restored "
+                              f"({type(e).__name__}: {str(e)[:200]}); falling back to an "
+                              "earlier one", stacklevel=2)
         return None
 
     def close(self) -> None:

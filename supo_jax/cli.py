@@ -124,7 +124,8 @@ def _cmd_train(args) -> None:
         return
     print(summary_table(out["history"], out["eval"], out.get("eval_before")))
     print(f"logs: {os.path.join(cfg.train.run_dir, 'metrics.jsonl')} and "
-          f"{os.path.join(cfg.train.run_dir, 'tb')} (tensorboard --logdir {cfg.train.run_dir}); "
+          f"{os.path.join(cfg.train.run_dir, 'tb')} (TensorBoard events: pip install tensorboard, "
+          f"then tensorboard --logdir {cfg.train.run_dir}); "
           f"checkpoints: {os.path.join(cfg.train.run_dir, 'checkpoints')}; "
           f"HF export: {out.get('export')}")
 
@@ -276,54 +277,92 @@ def _cmd_sweep(args) -> None:
     print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
 
 
+_EXAMPLES = {
+    "train": "supo-jax train                       # the CPU recipe (supo_jax/configs/cpu_recipe.py)\n"
+             "supo-jax train --print-config        # its settings, departures from the paper marked\n"
+             "supo-jax train --config experiments/configs/paper_fncall_supo.py "
+             "--set model.path=/ckpt/Qwen2.5-7B-Instruct\n"
+             "supo-jax train --set context=full --set train.run_dir=runs/full   # the GRPO baseline",
+    "eval": "supo-jax eval --set train.run_dir=runs/default --max-summaries 0,2,4,8",
+    "sft": "supo-jax sft --set sft.demos=demos.jsonl --set train.run_dir=runs/x",
+    "sweep": "supo-jax sweep --grid context.manager=supo,full --seeds 0,1,2 --out runs/sweep",
+    "rollout": "supo-jax rollout --env fncall/count --policy scripted --context full --num 64",
+    "generate": "supo-jax generate --model HuggingFaceTB/SmolLM2-135M-Instruct --prompt 'Hi'",
+    "export": "supo-jax export --model model.gguf --out out/model",
+}
+
+
+def _sub(sub, name: str, help_: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_, description=help_,
+                          epilog="example:\n  " + _EXAMPLES[name].replace("\n", "\n  "),
+                          formatter_class=_Formatter)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help lines (where there is one to show), examples as written."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _config_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--config", default=None, help="a config file (experiments/configs/NAME.py "
+                   "defining config()) or a run directory / its config.json; default: the CPU "
+                   "recipe")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config "
+                   "field, e.g. --set optim.lr=1e-5 (repeatable; --print-config lists the keys)")
+    c.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings (departures from the paper's "
+                   "algorithm marked) and exit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supo-jax", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="chat-generate with a policy (HF directory or .gguf)")
-    g.add_argument("--model", required=True)
-    g.add_argument("--prompt", default="What is the capital of France?")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32")
+    g = _sub(sub, "generate", "chat-generate with a policy (HF directory, .gguf or Hub id)")
+    g.add_argument("--model", required=True, help="HF directory, .gguf file or Hub id")
+    g.add_argument("--prompt", default="What is the capital of France?", help="the user turn")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
     g.set_defaults(fn=_cmd_generate)
-    e = sub.add_parser("export", help="load a policy (e.g. a .gguf) and write it as HF safetensors")
-    e.add_argument("--model", required=True)
-    e.add_argument("--out", required=True)
-    e.add_argument("--dtype", default="float32")
+    e = _sub(sub, "export", "load a policy (e.g. a .gguf) and write it as HF safetensors")
+    e.add_argument("--model", required=True, help="HF directory, .gguf file or Hub id")
+    e.add_argument("--out", required=True, help="the directory to write")
+    e.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
     e.set_defaults(fn=_cmd_export)
-    for name, fn, help_ in (("train", _cmd_train, "SUPO RL training (default: tiny CPU run)"),
+    for name, fn, help_ in (("train", _cmd_train, "SUPO RL training; rerunning resumes"),
                             ("eval", _cmd_eval, "evaluate a run's policy on the held-out split"),
-                            ("sft", _cmd_sft, "SFT warm start on demonstrations")):
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("--config", default=None, help="experiments/configs/NAME.py")
-        c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
-        c.add_argument("--print-config", action="store_true",
-                       help="print the resolved settings (departures from the paper's "
-                       "algorithm marked) and exit")
+                            ("sft", _cmd_sft, "SFT warm start on demonstrations -> run_dir/sft")):
+        c = _sub(sub, name, help_)
+        _config_args(c)
         if name == "eval":
-            c.add_argument("--max-summaries", default="", help="comma list, e.g. 0,2,4,8")
+            c.add_argument("--max-summaries", default="", help="summary caps to evaluate, a "
+                           "comma list (e.g. 0,2,4,8); default: the config's")
         c.set_defaults(fn=fn)
-    w = sub.add_parser("sweep", help="train a grid of overrides x seeds; one table and plots")
-    w.add_argument("--config", default=None, help="experiments/configs/NAME.py")
-    w.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="a key and its values")
+    w = _sub(sub, "sweep", "train a grid of overrides x seeds; one table and plots")
+    w.add_argument("--config", default=None, help="a config file; default: the CPU recipe")
+    w.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="a key and its values "
+                   "(repeatable: the grid is their product)")
     w.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2")
     w.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed overrides")
-    w.add_argument("--out", default="runs/sweep")
+    w.add_argument("--out", default="runs/sweep", help="the sweep's directory")
     w.add_argument("--host-index", type=int, default=0, help="this host's share (pods)")
-    w.add_argument("--host-count", type=int, default=1)
+    w.add_argument("--host-count", type=int, default=1, help="hosts sharing the sweep")
     w.add_argument("--collect-only", action="store_true", help="only collect finished runs")
     w.set_defaults(fn=_cmd_sweep)
-    r = sub.add_parser("rollout", help="run rollouts and write them as JSONL")
-    r.add_argument("--env", required=True)
-    r.add_argument("--policy", default="scripted", help="'scripted' or a model path")
-    r.add_argument("--context", default="supo", help="supo | full | truncate | window")
-    r.add_argument("--config", default=None)
-    r.add_argument("--set", action="append", metavar="KEY=VALUE")
-    r.add_argument("--print-config", action="store_true",
-                   help="print the resolved settings and exit")
-    r.add_argument("--num", type=int, default=8)
-    r.add_argument("--split", default="eval")
+    r = _sub(sub, "rollout", "run rollouts and print their statistics (and write them as JSONL)")
+    r.add_argument("--env", required=True, help="a registered environment, e.g. fncall/count")
+    r.add_argument("--policy", default="scripted", help="'scripted' (the environment's expert) "
+                   "or a model path")
+    r.add_argument("--context", default="supo", help="context manager: supo | full | truncate "
+                   "| window")
+    _config_args(r)
+    r.add_argument("--num", type=int, default=8, help="tasks to roll out (one rollout each)")
+    r.add_argument("--split", default="eval", help="task split: train | eval")
     r.add_argument("--out", default=None, help="write the rollouts (JSONL: transcripts, "
                    "segments; usable as sft.demos) to this file")
     r.set_defaults(fn=_cmd_rollout)

@@ -264,8 +264,9 @@ def _parse_value(text: str):
     return text
 
 
-def apply_overrides(cfg, overrides: Sequence[str]):
-    """Return cfg with `a.b=value` overrides applied (dict fields accept a.b.key=value).
+def apply_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
+    """Return cfg with `a.b=value` overrides applied (dict fields accept a.b.key=value), its
+    env.imports imported (import_env_modules) and validated.
 
     Task knobs belong to the environment they were written for: overriding env.name to
     another environment clears env.knobs and env.eval_knobs unless the overrides set them too.
@@ -284,6 +285,7 @@ def apply_overrides(cfg, overrides: Sequence[str]):
         for key, value in parsed:
             if key.split(".")[:2] in (["env", "knobs"], ["env", "eval_knobs"]):
                 cfg = _set(cfg, key.split("."), value, key)
+    import_env_modules(cfg.env)
     return validate(cfg)
 
 
@@ -317,16 +319,23 @@ def _set(obj, path, value, full):
         raise ConfigError(f"{full}: {e}") from None
 
 
-def validate(cfg: Config) -> Config:
-    """Cross-field checks that single sections cannot do."""
-    if cfg.env.imports and os.getcwd() not in sys.path and "" not in sys.path:
+def import_env_modules(env: EnvSection) -> None:
+    """Import the modules env.imports names (they register environments), looked up from the
+    working directory (put on sys.path for them) and sys.path; a ConfigError names one that
+    does not import."""
+    if env.imports and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())   # env.imports finds modules in the working directory
-    for mod in cfg.env.imports:
+    for mod in env.imports:
         try:
             importlib.import_module(mod)
         except ImportError as e:
             raise ConfigError(f"env.imports: cannot import {mod!r} ({e}; modules are looked up "
                               "from the working directory and sys.path)") from None
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that single sections cannot do; no side effects. An environment of
+    env.imports is registered only once its module is imported: import_env_modules first."""
     from supo_jax.envs import list_envs
     if cfg.env.name not in list_envs():
         hint = ("" if cfg.env.imports else "; an environment of your own registers when its "

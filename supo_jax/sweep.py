@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from supo_jax import config as C
-from supo_jax.utils import json_safe
+from supo_jax.config import (RESUMABLE_KEYS, Config, ConfigError, config_changes,
+                             load_config, saved_config)
+from supo_jax.utils import json_safe, provenance
 
 REPORT_KEYS = ("success_rate", "reward_mean", "tool_calls_mean", "summaries_mean",
                "working_context_mean", "working_context_max", "effective_context_mean",
@@ -56,7 +57,7 @@ def split_values(text: str) -> list[str]:
         cur += ch
     out.append(cur.strip())
     if any(not v for v in out):
-        raise C.ConfigError(f"grid values {text!r} contain an empty value")
+        raise ConfigError(f"grid values {text!r} contain an empty value")
     return out
 
 
@@ -64,12 +65,12 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
     grid = []
     for item in items:
         if "=" not in item:
-            raise C.ConfigError(f"--grid {item!r} is not of the form key=v1,v2,...")
+            raise ConfigError(f"--grid {item!r} is not of the form key=v1,v2,...")
         key, values = item.split("=", 1)
         grid.append((key.strip(), split_values(values)))
     keys = [k for k, _ in grid]
     if len(set(keys)) != len(keys):
-        raise C.ConfigError(f"--grid names a key twice: {keys}")
+        raise ConfigError(f"--grid names a key twice: {keys}")
     return grid
 
 
@@ -94,7 +95,7 @@ class Run:
     point: dict        # its overrides
     seed: int
     run_dir: str
-    cfg: C.Config
+    cfg: Config
 
 
 def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[int], out: str,
@@ -103,7 +104,7 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
     dicts of overrides (e.g. points(parse_grid(...))); names: their labels (default: the
     overrides written out)."""
     if not seeds:
-        raise C.ConfigError("--seeds needs at least one seed")
+        raise ConfigError("--seeds needs at least one seed")
     names = list(names) if names is not None else [point_name(p) for p in grid_points]
     if len(names) != len(grid_points) or len(set(names)) != len(names):
         raise ValueError("one distinct name per grid point")
@@ -113,11 +114,11 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
             run_dir = os.path.join(out, name, f"seed{seed}")
             sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
                     f"train.seed={seed}", f"train.run_dir={run_dir}"]
-            runs.append(Run(name, dict(point), int(seed), run_dir, C.load_config(config_path, sets)))
+            runs.append(Run(name, dict(point), int(seed), run_dir, load_config(config_path, sets)))
     stale = [f"{r.run_dir}: {'; '.join(ch)}" for r in runs
              if not r.cfg.train.accept_config_change and (ch := _changes(r))]
     if stale:
-        raise C.ConfigError(
+        raise ConfigError(
             f"{len(stale)} of the sweep's runs exist with other settings:\n  "
             + "\n  ".join(stale[:8]) + ("\n  ..." if len(stale) > 8 else "")
             + "\nuse another --out, or continue them with the new settings: --set "
@@ -129,14 +130,15 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
 REUSABLE_KEYS = ("train.run_dir", "train.progress", "train.accept_config_change")
 
 
-def _changes(run: Run, ignore: Sequence[str] = C.RESUMABLE_KEYS) -> list[str]:
+def _changes(run: Run, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:
     """How the settings saved in run.run_dir differ from the planned ones (none if unsaved)."""
-    saved = C.saved_config(run.run_dir)
-    return [] if saved is None else C.config_changes(saved, run.cfg, ignore)
+    saved = saved_config(run.run_dir)
+    return [] if saved is None else config_changes(saved, run.cfg, ignore)
 
 
 def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
-              train_fn: Callable | None = None, log=print) -> list[dict]:
+              train_fn: Callable[[Config], dict] | None = None,
+              log: Callable[[str], None] = print) -> list[dict]:
     """Run this host's share of `runs` (run i goes to host i % host_count); returns their
     results (finished runs are read back, not rerun)."""
     if not 0 <= host_index < host_count:
@@ -203,7 +205,7 @@ def collect(runs: Sequence[Run]) -> list[dict]:
     return rows
 
 
-def mean_se(vals) -> tuple[float, float]:
+def mean_se(vals: Sequence[float]) -> tuple[float, float]:
     """(mean, standard error of the mean) of seed results; the error is 0 for one seed."""
     v = np.asarray(vals, dtype=float)
     se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
@@ -239,6 +241,14 @@ def table_markdown(rows: Sequence[dict]) -> str:
         cells.append("-" if r["seconds"] is None else f"{r['seconds'] / 60:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def load_rows(path: str) -> list[dict]:
+    """The rows of a sweep.json: {"meta": ..., "rows": [...]} since sweeps record their
+    commit, a bare list of rows before."""
+    with open(path) as f:
+        data = json.load(f)
+    return data["rows"] if isinstance(data, dict) else data
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -301,14 +311,15 @@ def plot_curves(series: dict[str, Sequence[str]], key: str, path: str, ylabel: s
 
 
 def report(runs: Sequence[Run], out: str) -> dict:
-    """Write DIR/sweep.json, DIR/sweep.md and DIR/success_vs_step.png; return the rows."""
+    """Write DIR/sweep.json ({"meta": provenance(), the commit and date it was written at,
+    "rows": the rows}), DIR/sweep.md and DIR/success_vs_step.png; return the rows."""
     rows = collect(runs)
     by_point = {n: [r.run_dir for r in runs if r.name == n] for n in _unique(r.name for r in runs)}
     os.makedirs(out, exist_ok=True)
     plot = plot_curves(by_point, "success_rate", os.path.join(out, "success_vs_step.png"),
                        "training success rate")
     with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump(json_safe(rows), f, indent=2, allow_nan=False)
+        json.dump(json_safe({"meta": provenance(), "rows": rows}), f, indent=2, allow_nan=False)
     md = table_markdown(rows)
     with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write(f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "

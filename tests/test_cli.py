@@ -275,6 +275,7 @@ def test_progress_is_plain_lines_when_not_a_terminal(capsys, monkeypatch):
     assert lines[0].startswith("rollouts 1: 1/4 (25%) ") and lines[0].endswith(
         "success=0.50 loss=0.012")
     assert lines[-1].startswith("rollouts 1: 4/4 (100%)")
+    assert len(lines) == 2   # close() after a line at 4/4 does not print 4/4 again
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
     quiet = metrics.LineProgress(10, "sft", every=3600.0, stream=out)
     n = len(out.getvalue())

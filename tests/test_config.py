@@ -100,7 +100,7 @@ def test_config_changes_ignore_settings_added_since_at_their_default():
         "optim.lr: 1e-06 -> 0.001"]
 
 
-# The paper's SUPO, written here from SUPO.md (sections 2 and 4; "(?)" = the paper is silent and
+# The paper's SUPO, written here from the paper (docs/SUPO.md §2, §4; "(?)" = the paper is silent and
 # this is our reading): the reference the code's PAPER_SUPO, the class defaults and the paper
 # configs are held to.
 PAPER = {

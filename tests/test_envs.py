@@ -1,5 +1,5 @@
 """Environment protocol, registry, fncall task sets, experts under full context and under
-simulated SUPO summarize-and-reset (SUPO.md §2), probes and exact rewards."""
+simulated SUPO summarize-and-reset (docs/SUPO.md §2), probes and exact rewards."""
 import json
 import random
 

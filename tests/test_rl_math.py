@@ -91,12 +91,14 @@ def test_overlong_masking_and_broadcast():
     ro = [_rollout(0, 1.0, "answer", [_seg(8, 3, 0), _seg(9, 4, 1)]),
           _rollout(0, 0.0, "max_summaries", [_seg(7, 2, 2)]),
           _rollout(0, 0.0, "answer", [_seg(6, 2, 3)])]
-    segs, seg_adv, adv, trained = rollout_advantages(ro, AdvantageConfig())
-    assert list(trained) == [True, False, True]
-    assert len(segs) == 3 and seg_adv[0] == seg_adv[1] == pytest.approx(adv[0])
+    a = rollout_advantages(ro, AdvantageConfig())
+    assert list(a.trained) == [True, False, True]
+    assert len(a.segments) == 3
+    assert a.segment_advantages[0] == a.segment_advantages[1] == pytest.approx(a.advantages[0])
     # masked rollouts still count in the group statistics by default
-    np.testing.assert_allclose(adv[0], (1 - 1 / 3) / (np.std([1, 0, 0]) + 1e-6), rtol=1e-5)
-    _, _, adv2, _ = rollout_advantages(ro, AdvantageConfig(masked_count_in_stats=False))
+    np.testing.assert_allclose(a.advantages[0], (1 - 1 / 3) / (np.std([1, 0, 0]) + 1e-6),
+                               rtol=1e-5)
+    adv2 = rollout_advantages(ro, AdvantageConfig(masked_count_in_stats=False)).advantages
     np.testing.assert_allclose(adv2[0], (1 - 0.5) / (0.5 + 1e-6), rtol=1e-5)  # stats over [1, 0]
 
 
@@ -104,7 +106,8 @@ def test_equal_rollout_weight_gives_each_trained_rollout_the_same_total_weight()
     ro = [_rollout(0, 1.0, "answer", [_seg(8, 3, 0), _seg(9, 4, 1)]),     # 5 + 5 trained tokens
           _rollout(0, 0.0, "max_summaries", [_seg(7, 2, 2)]),             # masked
           _rollout(0, 0.0, "answer", [_seg(6, 2, 3)])]                    # 4 trained tokens
-    segs, seg_adv, adv, _ = rollout_advantages(ro, AdvantageConfig(rollout_weight="equal"))
+    a = rollout_advantages(ro, AdvantageConfig(rollout_weight="equal"))
+    seg_adv, adv = a.segment_advantages, a.advantages
     w = [adv[0] * 7 / 10, adv[0] * 7 / 10, adv[2] * 7 / 4]               # mean of 10 and 4: 7
     np.testing.assert_allclose(seg_adv, w, rtol=1e-6)
     # the token-mean loss's weight of each rollout: sum over its tokens = advantage x mean tokens
@@ -118,13 +121,14 @@ def test_negative_weight_scales_only_the_below_average_rollouts():
     ro = [_rollout(0, 1.0, "answer", [_seg(8, 3, 0), _seg(9, 4, 1)]),
           _rollout(0, 0.0, "answer", [_seg(7, 2, 2)]),
           _rollout(0, 0.0, "answer", [_seg(6, 2, 3)])]
-    _, full, adv, _ = rollout_advantages(ro, AdvantageConfig())
+    full = rollout_advantages(ro, AdvantageConfig()).segment_advantages
     a_pos, a_neg = (1 - 1 / 3) / np.std([1, 0, 0]), (0 - 1 / 3) / np.std([1, 0, 0])
     np.testing.assert_allclose(full, [a_pos, a_pos, a_neg, a_neg], rtol=1e-5)
-    _, quarter, adv_q, _ = rollout_advantages(ro, AdvantageConfig(negative_weight=0.25))
-    np.testing.assert_allclose(quarter, [a_pos, a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
-    np.testing.assert_allclose(adv_q, [a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
-    _, none, _, _ = rollout_advantages(ro, AdvantageConfig(negative_weight=0.0))
+    quarter = rollout_advantages(ro, AdvantageConfig(negative_weight=0.25))
+    np.testing.assert_allclose(quarter.segment_advantages,
+                               [a_pos, a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
+    np.testing.assert_allclose(quarter.advantages, [a_pos, a_neg / 4, a_neg / 4], rtol=1e-5)
+    none = rollout_advantages(ro, AdvantageConfig(negative_weight=0.0)).segment_advantages
     np.testing.assert_allclose(none, [a_pos, a_pos, 0, 0], rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="negative_weight"):
         AdvantageConfig(negative_weight=1.5)
@@ -137,7 +141,7 @@ def _bigram_loss(W, batch):
 
 
 def test_segmented_gradient_equals_rollout_likelihood_gradient():
-    """SUPO.md §3: sum over segments of grad log pi = grad log-likelihood of the rollout."""
+    """docs/SUPO.md §3: sum over segments of grad log pi = grad log-likelihood of the rollout."""
     W = jnp.asarray(np.random.RandomState(0).randn(11, 11), jnp.float32)
     segs = [_seg(12, 4, 10), _seg(9, 5, 11), _seg(15, 6, 12)]   # one rollout, two summaries
     A = 0.8

@@ -363,3 +363,17 @@ def test_a_chat_templates_own_tool_call_form_is_read(form):
             ro = run_rollouts(Say(f, _ACTIONS[form]), lambda: make_env(name), tasks, f, cfg,
                               rows=1)
             assert ro[0].reason == reason, (name, form, f.call_formats, ro[0].transcript[-1])
+
+
+def test_a_scripted_expert_summary_cut_at_its_budget_is_said_once():
+    """An expert whose summary outgrows max_summary_tokens is cut (and the rollout loses what
+    the cut part held): a warning says so, once, instead of a silent 0%."""
+    fmt = ChatFormat(tiny_tokenizer(template="compact"))
+    cfg = ContextConfig("supo", 500, max_steps=60, max_summaries=4, max_action_tokens=64,
+                        max_summary_tokens=8, max_observation_tokens=64)
+    actor = ScriptedActor(expert_for("fncall/tallest"), fmt)
+    with pytest.warns(UserWarning, match="summary takes .* tokens and its budget is 8") as rec:
+        run_rollouts(actor, lambda: make_env("fncall/tallest"),
+                     make_tasks("fncall/tallest", "eval", 4, size=9), fmt, cfg)
+    assert actor.cut_summaries >= 2
+    assert sum("summary takes" in str(w.message) for w in rec) == 1

@@ -1,6 +1,6 @@
 """Search suite (BrowseComp-Plus-like): corpus and BM25 index, tools and error observations,
 exact-match reward normalization, the scripted expert under full context and under
-simulated SUPO summarize-and-reset (SUPO.md §2), and the hop-chain probe."""
+simulated SUPO summarize-and-reset (docs/SUPO.md §2), and the hop-chain probe."""
 from tests.test_envs import full_context as _full_context
 from tests.test_envs import supo as _supo
 import json

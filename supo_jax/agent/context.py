@@ -26,7 +26,7 @@ acts at L (ContextConfig.trigger_rule):
 The summary instruction is a `summary_role` turn (system, as in the paper, or user).
 
 Managers (ContextConfig.manager):
-  supo               SUPO.md §2: when len(context + action + observation) >= L,
+  supo               docs/SUPO.md §2: when len(context + action + observation) >= L,
                      drop that action/observation from the context (the env keeps
                      its effect), ask for a summary, close the segment with it,
                      restart from the initial prompt + continuation + summary.
@@ -47,7 +47,7 @@ new segment; tokens carried over into it are context there (mask 0).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from supo_jax.agent.render import ChatFormat
 from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
@@ -232,68 +232,147 @@ def _extend(state: RolloutState, ids, mask_bit: int, lps=None) -> dict:
                 logprobs=state.logprobs + (tuple(lps) if lps is not None else (0.0,) * len(ids)))
 
 
+class _Applied(NamedTuple):
+    """One action and its observation appended to the context, before the manager acts."""
+    before: RolloutState        # the state the action was sampled in
+    with_action: RolloutState   # + generation prompt + action (trained)
+    grown: RolloutState         # + the observation turn
+    action: Turn
+
+    @property
+    def end(self) -> int:
+        """Where a row ends that the observation's tokens are not in: after the action."""
+        return len(self.with_action.tokens)
+
+
 def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, action: Turn,
                  observation: str | None, done: bool, reward: float = 0.0,
                  tool_call: bool = True) -> RolloutState:
-    """Apply one action and its environment result. observation=None when the action answered."""
-    gp = tuple(fmt.gen_prompt)
-    steps = state.steps + 1
-    with_action = dataclasses.replace(
-        state, steps=steps, tool_calls=state.tool_calls + int(tool_call and not done),
-        generated_tokens=state.generated_tokens + len(action.tokens),
-        **_extend(state, gp, 0))
-    with_action = dataclasses.replace(with_action, **_extend(with_action, action.tokens, 1,
-                                                             action.logprobs))
-    with_action = dataclasses.replace(
-        with_action, max_context=max(state.max_context, len(with_action.tokens)),
-        segment_peak=max(state.segment_peak, len(with_action.tokens)))
+    """Apply one action and its environment result. observation=None when the action answered.
+    Below the manager's limit the context just grows; at it, _ON_LIMIT[cfg.manager] acts."""
+    with_action = _append_action(fmt, state, action, tool_call and not done)
     if done:
         return finish(with_action, "answer", reward)
+    grown = _append_observation(fmt, state, with_action, action, observation)
+    a = _Applied(state, with_action, grown, action)
+    limit = cfg.limit(fmt)
+    if not _at_limit(cfg, grown, limit):
+        return finish(grown, "max_steps", end=a.end) if grown.steps >= cfg.max_steps else grown
+    return _ON_LIMIT[cfg.manager](cfg, fmt, a, limit)
+
+
+def _append_action(fmt: ChatFormat, state: RolloutState, action: Turn,
+                   tool_call: bool) -> RolloutState:
+    """state + generation prompt (context) + action (trained): one step, a tool call if one."""
+    s = dataclasses.replace(
+        state, steps=state.steps + 1, tool_calls=state.tool_calls + int(tool_call),
+        generated_tokens=state.generated_tokens + len(action.tokens),
+        **_extend(state, fmt.gen_prompt, 0))
+    s = dataclasses.replace(s, **_extend(s, action.tokens, 1, action.logprobs))
+    return dataclasses.replace(s, max_context=max(state.max_context, len(s.tokens)),
+                               segment_peak=max(state.segment_peak, len(s.tokens)))
+
+
+def _append_observation(fmt: ChatFormat, state: RolloutState, with_action: RolloutState,
+                        action: Turn, observation: str) -> RolloutState:
+    """with_action + the observation turn (context), recorded as a turn and two messages."""
     obs_ids = tuple(fmt.turn("assistant", "tool", observation, action.tokens))
-    grown = dataclasses.replace(
+    return dataclasses.replace(
         with_action, **_extend(with_action, obs_ids, 0), last_role="tool",
         turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
         messages=state.messages + ({"role": "assistant", "content": action.text},
                                    {"role": "tool", "content": observation}))
-    end = len(with_action.tokens)
-    limit = cfg.limit(fmt)
-    if cfg.manager == "window" and len(grown.turns) > cfg.window_turns:
-        return _cut(cfg, grown, steps, end, limit)
-    if grown.context_len < limit:
-        if steps >= cfg.max_steps:
-            return finish(grown, "max_steps", end=end)
-        return grown
-    # the context would reach L
-    m = cfg.manager
-    if m == "full":
-        return finish(grown, "context_limit", end=end)
-    if m in ("truncate", "window"):
-        return _cut(cfg, grown, steps, end, limit)
-    # supo / frozen_summarizer: the pair that reached L leaves the context
-    n_ctx = len(state.tokens) + len(gp)
-    dropped = state.dropped + (Segment(with_action.tokens, (0,) * n_ctx + (1,) * len(action.tokens),
-                                       with_action.logprobs),)
-    if state.summaries >= cfg.max_summaries or steps >= cfg.max_steps:
-        reason = "max_summaries" if state.summaries >= cfg.max_summaries else "max_steps"
-        # the row ends with the last action the policy saw (and was answered)
-        last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
-        return finish(dataclasses.replace(grown, dropped=dropped), reason, end=last)
+
+
+def _at_limit(cfg: ContextConfig, grown: RolloutState, limit: int) -> bool:
+    """Whether the manager acts: the context reached L (window: or holds > window_turns turns)."""
+    too_many_turns = cfg.manager == "window" and len(grown.turns) > cfg.window_turns
+    return too_many_turns or grown.context_len >= limit
+
+
+def _end_at_limit(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
+    """full: reaching L ends the rollout; the row ends with the action."""
+    return finish(a.grown, "context_limit", end=a.end)
+
+
+def _summarize(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
+    """supo / frozen_summarizer: the pair that reached L leaves the context (kept as a dropped
+    row) and the policy is asked for a summary; reaching S or H, or a W that leaves no room
+    for a summary request, ends the rollout instead."""
+    state, grown = a.before, a.grown
+    dropped = state.dropped + (_dropped_row(fmt, a),)
+    if state.summaries >= cfg.max_summaries:
+        return _end_dropping(a, dropped, "max_summaries")
+    if grown.steps >= cfg.max_steps:
+        return _end_dropping(a, dropped, "max_steps")
+    gp = len(fmt.gen_prompt)
     # shown to the summarizer only if the summary request still fits W
-    need = cfg.instruction_len(fmt) + len(gp) + cfg.max_summary_tokens
+    need = cfg.instruction_len(fmt) + gp + cfg.max_summary_tokens
     show = cfg.show_dropped_to_summarizer and grown.context_len + need <= cfg.working_context
     base = grown if show else state
     instr = tuple(fmt.turn(base.last_role, cfg.summary_role, cfg.summary_instruction))
-    if len(base.tokens) + len(instr) + len(gp) >= cfg.working_context:   # no room for a summary
-        last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
-        return finish(dataclasses.replace(grown, dropped=dropped), "context_limit", end=last)
+    if len(base.tokens) + len(instr) + gp >= cfg.working_context:   # no room for a summary
+        return _end_dropping(a, dropped, "context_limit")
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
     seg_state = grown if show else dataclasses.replace(
-        state, steps=steps, tool_calls=grown.tool_calls, generated_tokens=grown.generated_tokens,
-        max_context=grown.max_context, segment_peak=grown.segment_peak)
-    seg_state = dataclasses.replace(seg_state, dropped=dropped)
+        state, steps=grown.steps, tool_calls=grown.tool_calls,
+        generated_tokens=grown.generated_tokens, max_context=grown.max_context,
+        segment_peak=grown.segment_peak)
     return dataclasses.replace(
-        seg_state, phase="summarize", pending=base.tokens + instr,
+        seg_state, dropped=dropped, phase="summarize", pending=base.tokens + instr,
         messages=base.messages + ({"role": cfg.summary_role, "content": cfg.summary_instruction},))
+
+
+def _dropped_row(fmt: ChatFormat, a: _Applied) -> Segment:
+    """The dropped action as context + action, the action alone trained."""
+    n_ctx = len(a.before.tokens) + len(fmt.gen_prompt)
+    return Segment(a.with_action.tokens, (0,) * n_ctx + (1,) * len(a.action.tokens),
+                   a.with_action.logprobs)
+
+
+def _end_dropping(a: _Applied, dropped: tuple[Segment, ...], reason: str) -> RolloutState:
+    """End the rollout with the pair dropped: the row ends with the last action the policy saw
+    answered."""
+    mask = a.before.mask
+    last = max((i + 1 for i, m in enumerate(mask) if m), default=len(a.before.tokens))
+    return finish(dataclasses.replace(a.grown, dropped=dropped), reason, end=last)
+
+
+def _cut(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
+    """truncate/window: drop the oldest turns (window: all but the last window_turns) until the
+    context is below L; the cut context starts a new segment."""
+    state, end = a.grown, a.end
+    turns = list(state.turns)
+    keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
+    start_len = len(state.prefix)
+
+    def size(ts):
+        return start_len + sum(e - s for s, e in ts)
+
+    while keep and size(keep) >= limit:
+        keep = keep[1:]
+    if not keep and size(keep) >= limit:
+        return finish(state, "context_limit", end=end)
+    segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
+    toks, new_turns = state.prefix, []
+    for s, e in keep:
+        new_turns.append((len(toks), len(toks) + e - s))
+        toks = toks + state.tokens[s:e]
+    n_msgs = 2 * len(keep)
+    head = tuple(m for m in state.messages if m["role"] in ("system",)) + (
+        next(m for m in state.messages if m["role"] == "user"),)
+    new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
+                              logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
+                              attended=state.attended + state.segment_peak, segment_peak=0,
+                              messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
+                              last_role="tool" if keep else "user")
+    return finish(new, "max_steps", close=False) if state.steps >= cfg.max_steps else new
+
+
+# what each manager does when the context reaches its limit (after_action)
+_ON_LIMIT = {"full": _end_at_limit, "truncate": _cut, "window": _cut, "supo": _summarize,
+             "frozen_summarizer": _summarize}
+assert set(_ON_LIMIT) == set(MANAGERS)
 
 
 def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summary: Turn,
@@ -329,34 +408,3 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
     if new.context_len >= cfg.limit(fmt):  # the summary alone does not fit the budget
         return finish(new, "context_limit", close=False)
     return new
-
-
-def _cut(cfg: ContextConfig, state: RolloutState, steps: int, end: int,
-         limit: int) -> RolloutState:
-    """truncate/window: drop oldest turns; the cut context starts a new segment."""
-    turns = list(state.turns)
-    keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
-    start_len = len(state.prefix)
-
-    def size(ts):
-        return start_len + sum(e - s for s, e in ts)
-
-    while keep and size(keep) >= limit:
-        keep = keep[1:]
-    if not keep and size(keep) >= limit:
-        return finish(state, "context_limit", end=end)
-    segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
-    toks, new_turns = state.prefix, []
-    for s, e in keep:
-        new_turns.append((len(toks), len(toks) + e - s))
-        toks = toks + state.tokens[s:e]
-    n_msgs = 2 * len(keep)
-    head = tuple(m for m in state.messages if m["role"] in ("system",)) + (
-        next(m for m in state.messages if m["role"] == "user"),)
-    new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
-                              logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
-                              attended=state.attended + state.segment_peak, segment_peak=0,
-                              messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
-                              last_role="tool" if keep else "user")
-    return finish(new, "max_steps", close=False) if steps >= cfg.max_steps else new
-

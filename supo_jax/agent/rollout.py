@@ -14,14 +14,21 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import json
-from typing import Callable, Protocol, Sequence
+import warnings
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 
-from supo_jax.agent import context as C
+from supo_jax.agent.context import (ENV_FAILURES, REASONS, ContextConfig, RolloutState, Segment,
+                                    Turn, after_action, after_summary, finish, initial_state,
+                                    request_tokens)
 from supo_jax.agent.render import ChatFormat
+from supo_jax.model.policy import Policy
 from supo_jax.sampling.sampler import Generation, Sampler, SamplingParams
+
+if TYPE_CHECKING:   # importing supo_jax.envs registers the built-in environments
+    from supo_jax.envs.base import Reset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +44,12 @@ class Actor(Protocol):
     def act(self, requests: Sequence[Request]) -> list[Generation]: ...
 
 
+class Expert(Protocol):
+    """A scripted policy (supo_jax.envs.experts): the next action, or the summary when
+    `summarize`, given the working context as chat messages."""
+    def act(self, messages: list[dict], summarize: bool = False) -> str: ...
+
+
 class PolicyActor:
     """A Flax policy behind a Sampler whose rows persist across turns.
 
@@ -44,9 +57,9 @@ class PolicyActor:
     baseline of benchmarks/rollout.py; it samples the same tokens up to float rounding.
     """
 
-    def __init__(self, policy, fmt: ChatFormat, rows: int, max_len: int,
+    def __init__(self, policy: Policy, fmt: ChatFormat, rows: int, max_len: int,
                  sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                 reuse_cache: bool = True):
+                 reuse_cache: bool = True) -> None:
         self.sampler = Sampler(policy, rows, max_len)
         self.fmt, self.sampling, self.reuse_cache = fmt, sampling, reuse_cache
         self.rng = jax.random.key(seed)
@@ -54,7 +67,7 @@ class PolicyActor:
         self.row_tokens: dict[int, list[int]] = {}
         self.prefilled = 0  # tokens prefilled (the cost the KV cache reuse saves)
 
-    def act(self, requests):
+    def act(self, requests: Sequence[Request]) -> list[Generation]:
         appends = {}
         for r in requests:
             held = self.row_tokens.get(r.row, [])
@@ -77,13 +90,23 @@ class PolicyActor:
 class ScriptedActor:
     """A scripted expert (Expert.act(messages, summarize) -> text) speaking through the tokenizer."""
 
-    def __init__(self, expert, fmt: ChatFormat):
+    def __init__(self, expert: Expert, fmt: ChatFormat) -> None:
         self.expert, self.fmt = expert, fmt
+        self.cut_summaries = 0   # summaries longer than their budget (cut: they lose state)
 
-    def act(self, requests):
+    def act(self, requests: Sequence[Request]) -> list[Generation]:
         out = []
         for r in requests:
             ids = self.fmt.encode(self.expert.act(list(r.messages), r.summarize)) + [self.fmt.stop_id]
+            if r.summarize and len(ids) > r.max_new:
+                self.cut_summaries += 1
+                if self.cut_summaries == 1:   # once: a silent 0% otherwise
+                    warnings.warn(
+                        f"the scripted expert's summary takes {len(ids)} tokens and its budget "
+                        f"is {r.max_new} (context.max_summary_tokens, or the room left in W): it "
+                        "is cut, and what it loses the rollout cannot recover; raise "
+                        "context.max_summary_tokens or make the expert's summary() shorter",
+                        stacklevel=2)
             ids = ids[:r.max_new]
             out.append(Generation(ids, [0.0] * len(ids)))
         return out
@@ -101,7 +124,7 @@ class Rollout:
     task_id: str
     group_id: int
     sample: int
-    segments: list[C.Segment]
+    segments: list[Segment]
     reward: float
     reason: str
     counters: dict
@@ -122,10 +145,10 @@ class Rollout:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Rollout":
+    def from_json(cls, d: dict) -> Rollout:
         d = dict(d)
         for k in ("segments", "dropped"):
-            d[k] = [C.Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
+            d[k] = [Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
                     for s in d.get(k, ())]
         return cls(**d)
 
@@ -152,12 +175,12 @@ class _Row:
         self.probes: list = []
 
 
-def start_state(fmt: ChatFormat, cfg: C.ContextConfig, rs) -> C.RolloutState:
+def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
     """The rollout state of an env.reset() result; a ValueError naming
     context.working_context if its initial prompt does not fit the working context."""
     msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
         {"role": "user", "content": rs.prompt}]
-    state = C.initial_state(fmt, msgs, [t.schema() for t in rs.tools])
+    state = initial_state(fmt, msgs, [t.schema() for t in rs.tools])
     if len(state.prefix) >= cfg.limit(fmt):
         raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
                          f"the working context: L = {cfg.limit(fmt)} tokens "
@@ -217,9 +240,9 @@ class _Driver:
                 reason = ("timeout" if isinstance(e, cf.TimeoutError) else "context_limit"
                           if isinstance(e, ValueError) and "initial prompt" in str(e)
                           else "env_error")
-                row = _Row(slot, task, gi, s, env, C.RolloutState("", (), (), (), ()))
+                row = _Row(slot, task, gi, s, env, RolloutState("", (), (), (), ()))
                 self.active[slot] = row
-                row.state = C.finish(row.state, reason, close=False)
+                row.state = finish(row.state, reason, close=False)
                 row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
                 self.close(row)
                 continue
@@ -240,7 +263,7 @@ class _Driver:
         for rs, a in merged:
             reqs = []
             for r in rs:
-                toks = C.request_tokens(self.fmt, r.state)
+                toks = request_tokens(self.fmt, r.state)
                 is_sum = r.state.phase == "summarize"
                 budget = cfg.budget(len(toks), is_sum)    # >= 1: the manager leaves room
                 reqs.append(Request(r.slot, toks, budget, r.state.messages, is_sum))
@@ -253,7 +276,7 @@ class _Driver:
         for r in summ:
             g = gens[r.slot]
             text = self.fmt.action_text(g.tokens)
-            turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+            turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
             r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
                              {"role": "assistant", "content": text, "summary": True}]
             r.summaries.append(text)
@@ -261,8 +284,8 @@ class _Driver:
                 r.probes.append(r.env.probe(text))
             except Exception:  # noqa: BLE001
                 r.probes.append(None)
-            r.state = C.after_summary(cfg, self.fmt, r.state, turn,
-                                      trained=cfg.manager != "frozen_summarizer")
+            r.state = after_summary(cfg, self.fmt, r.state, turn,
+                                    trained=cfg.manager != "frozen_summarizer")
             r.transcript.append(dict(r.state.messages[-1], continuation=True))
 
     def apply_env_results(self, acting: list[_Row], gens: dict, futs: dict) -> None:
@@ -270,16 +293,16 @@ class _Driver:
         for r in acting:
             g = gens[r.slot]
             text, fut = futs[r.slot]
-            turn = C.Turn(tuple(g.tokens), tuple(g.logprobs), text)
+            turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
             r.transcript.append({"role": "assistant", "content": text})
             try:
                 res = fut.result(timeout=self.timeout)
             except cf.TimeoutError:
-                r.state = C.finish(r.state, "timeout")
+                r.state = finish(r.state, "timeout")
                 r.transcript.append({"role": "error", "content": "environment step timed out"})
                 continue
             except Exception as e:  # noqa: BLE001
-                r.state = C.finish(r.state, "env_error")
+                r.state = finish(r.state, "env_error")
                 r.transcript.append({"role": "error", "content": f"step: {e!r}"[:500]})
                 continue
             obs = None if res.done else _cut_observation(self.fmt, res.observation,
@@ -287,8 +310,8 @@ class _Driver:
             if obs is not None:
                 r.transcript.append({"role": "tool", "content": obs})
             n = len(r.state.tokens)
-            r.state = C.after_action(self.cfg, self.fmt, r.state, turn, obs, res.done, res.reward,
-                                     tool_call="error" not in (res.info or {}))
+            r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, res.done, res.reward,
+                                   tool_call="error" not in (res.info or {}))
             if r.state.phase == "summarize" and len(r.state.tokens) == n:
                 for m in r.transcript[-2:]:   # the pair reached L and left the context
                     m["dropped"] = True
@@ -314,7 +337,7 @@ class _Driver:
 
 
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
-                 fmt: ChatFormat, cfg: C.ContextConfig, *, group_size: int = 1, rows: int = 8,
+                 fmt: ChatFormat, cfg: ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
                  env_workers: int = 8, progress: Callable[[int], None] | None = None) -> list[Rollout]:
     """Run group_size rollouts of every task; returns them in (task, sample) order.
@@ -350,7 +373,7 @@ def _mean(xs):
 
 
 def summarize(rollouts: Sequence[Rollout]) -> dict:
-    """Aggregate metrics of SUPO.md §7 over a batch of rollouts."""
+    """Aggregate metrics of docs/SUPO.md §7 over a batch of rollouts."""
     n = max(1, len(rollouts))
     with_sum = [r for r in rollouts if r.counters["summaries"] > 0]
     return {
@@ -370,9 +393,9 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
                                      default=0),
         "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
         "overlong_rate": sum(not r.answered for r in rollouts) / n,
-        "env_error_rate": sum(r.reason in C.ENV_FAILURES for r in rollouts) / n,
+        "env_error_rate": sum(r.reason in ENV_FAILURES for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
         "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
-        "reasons": {k: sum(r.reason == k for r in rollouts) for k in C.REASONS
+        "reasons": {k: sum(r.reason == k for r in rollouts) for k in REASONS
                     if any(r.reason == k for r in rollouts)},
     }

@@ -3,7 +3,7 @@
 An environment is plain Python run on the host. The rollout driver calls
 `reset(task)` once, then `act(text)` with each model action (untrusted text):
 
-    reset(task) -> Reset(prompt, tools, system)   # s1 of SUPO.md §2
+    reset(task) -> Reset(prompt, tools, system)   # s1 of docs/SUPO.md §2
     act(text)   -> StepResult(observation, done, reward, info)
 
 `act` parses the action against the tools of the last reset; a malformed action gives

@@ -11,13 +11,16 @@ all-zero mask pad the row count to a multiple of the minibatch size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from supo_jax.agent.context import Segment
+from supo_jax.agent.rollout import Rollout
 from supo_jax.rl.algo import ADVANTAGES
+from supo_jax.rl.configs import AdvantageConfig
 
 
 @jax.tree_util.register_dataclass
@@ -37,7 +40,7 @@ class TrainBatch:
     def rows(self) -> int:
         return self.inputs.shape[0]
 
-    def take(self, idx) -> "TrainBatch":
+    def take(self, idx: np.ndarray) -> TrainBatch:
         return jax.tree.map(lambda x: x[idx], self)
 
 
@@ -50,7 +53,7 @@ def row_bucket(n: int, minimum: int, maximum: int) -> int:
     return min(b, max(maximum, minimum))
 
 
-def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int,
+def build_batch(segments: Sequence[Segment], advantages: Sequence[float], *, max_len: int,
                 rows_multiple: int = 1, pack: bool = False, min_len: int = 32) -> TrainBatch:
     """segments: objects with .tokens/.mask/.logprobs; advantages: one float per segment.
 
@@ -104,7 +107,7 @@ def build_batch(segments: Sequence, advantages: Sequence[float], *, max_len: int
     return TrainBatch(**out)
 
 
-def permute_rewards(rollouts: Sequence, rng) -> list:
+def permute_rewards(rollouts: Sequence[Rollout], rng: np.random.Generator) -> list[Rollout]:
     """The rollouts with their rewards permuted among them by `rng` (the multiset of rewards
     is kept): a placebo control's batch (advantage.permute_rewards)."""
     rewards = [r.reward for r in rollouts]
@@ -112,14 +115,21 @@ def permute_rewards(rollouts: Sequence, rng) -> list:
             for r, i in zip(rollouts, rng.permutation(len(rollouts)))]
 
 
-def rollout_advantages(rollouts: Sequence, cfg):
-    """(segments, per-segment advantages, per-rollout advantages, per-rollout trained flags):
-    each rollout's group-relative advantage (cfg: rl.configs.AdvantageConfig) broadcast to its
-    segments (negative ones scaled by cfg.negative_weight, and per rollout with
-    cfg.rollout_weight="equal"); rollouts whose reason is in
-    cfg.masked_reasons give no rows."""
+class Advantages(NamedTuple):
+    """rollout_advantages' result: the rows to train on and what each rollout carries."""
+    segments: list[Segment]          # the trained rollouts' segments, in rollout order
+    segment_advantages: list[float]  # one per segment: its rollout's advantage x weight
+    advantages: np.ndarray           # float [n rollouts]: group-relative, negatives scaled
+    trained: np.ndarray              # bool [n rollouts]: reason not in cfg.masked_reasons
+
+
+def rollout_advantages(rollouts: Sequence[Rollout], cfg: AdvantageConfig) -> Advantages:
+    """Each rollout's group-relative advantage (cfg.estimator) broadcast to its segments
+    (negative ones scaled by cfg.negative_weight, and per rollout with
+    cfg.rollout_weight="equal"); rollouts whose reason is in cfg.masked_reasons give no
+    segments (trained False)."""
     if not rollouts:
-        return [], [], np.zeros(0), np.zeros(0, bool)
+        return Advantages([], [], np.zeros(0), np.zeros(0, bool))
     groups = sorted({r.group_id for r in rollouts})
     gidx = np.asarray([groups.index(r.group_id) for r in rollouts], np.int32)
     rewards = np.asarray([r.reward for r in rollouts], np.float32)
@@ -142,4 +152,4 @@ def rollout_advantages(rollouts: Sequence, cfg):
             for s in r.segments:
                 segs.append(s)
                 seg_adv.append(float(a * w))
-    return segs, seg_adv, adv, trained
+    return Advantages(segs, seg_adv, adv, trained)

@@ -21,7 +21,7 @@ class LineProgress:
                  closing_line: bool = True):
         self.total, self.desc, self.every = total, desc, every
         self.stream = stream or sys.stderr
-        self.n, self.postfix, self.lines = 0, "", 0
+        self.n, self.postfix, self.lines, self.printed = 0, "", 0, -1
         self.closing_line = closing_line   # False: a closing line only after periodic ones
         self.t0 = self.last = time.time()
 
@@ -34,13 +34,14 @@ class LineProgress:
         self.postfix = " ".join(f"{k}={v}" for k, v in kw.items())
 
     def _line(self) -> None:
-        self.last, self.lines = time.time(), self.lines + 1
+        self.last, self.lines, self.printed = time.time(), self.lines + 1, self.n
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         print(f"{self.desc}: {self.n}/{self.total}{pct} {self.last - self.t0:.0f}s {self.postfix}"
               .rstrip(), file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self.closing_line or self.lines:
+        """A last line, unless the last one printed already showed where it ended."""
+        if (self.closing_line or self.lines) and self.printed != self.n:
             self._line()
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any, Iterable
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
-from supo_jax import config as C
+from supo_jax.config import Config
 from supo_jax.agent.rollout import Rollout
 from supo_jax.model.policy import Policy, shard_model
 from supo_jax.model.sharding import batch_sharding, make_mesh, replicated
+from supo_jax.rl.batch import TrainBatch
 
 
 def is_main() -> bool:
@@ -27,12 +30,12 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def share(items):
+def share(items: Iterable) -> list:
     """This process's share of a list: items[process_index::process_count]."""
     return list(items)[jax.process_index()::jax.process_count()]
 
 
-def make_run_mesh(cfg: C.Config):
+def make_run_mesh(cfg: Config) -> Mesh | None:
     """The mesh over every device of every process (None on a single device)."""
     if jax.device_count() == 1:
         return None
@@ -67,7 +70,7 @@ def process_local_policy(policy: Policy) -> Policy:
     return Policy(model, policy.tokenizer, mesh)
 
 
-def allgather_json(obj) -> list:
+def allgather_json(obj: Any) -> list:
     """`obj` (JSON-serializable) from every process, in process order."""
     from jax.experimental import multihost_utils
 
@@ -79,7 +82,7 @@ def allgather_json(obj) -> list:
     return [json.loads(every[p, :int(n)].tobytes()) for p, n in enumerate(sizes.reshape(-1))]
 
 
-def exchange_rollouts(mine: list) -> list:
+def exchange_rollouts(mine: list[Rollout]) -> list[Rollout]:
     """All processes' rollouts (each ran share(tasks)), in global (task, sample) order."""
     n = jax.process_count()
     out = []
@@ -90,7 +93,7 @@ def exchange_rollouts(mine: list) -> list:
     return sorted(out, key=lambda ro: (ro.group_id, ro.sample))
 
 
-def place_batch(batch, mesh):
+def place_batch(batch: TrainBatch, mesh: Mesh | None) -> TrainBatch:
     """Multi-process: a batch every process holds in full, as global arrays sharded over the
     mesh's batch axes; each process transfers only the rows of its own devices."""
     if mesh is None or jax.process_count() == 1:

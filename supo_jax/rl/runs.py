@@ -7,12 +7,18 @@ import hashlib
 import json
 import math
 import os
+from typing import TYPE_CHECKING, Sequence
 
-from supo_jax import config as C
+from jax.sharding import Mesh
+
+from supo_jax.config import Config, ConfigError, ModelSection, config_changes, saved_config
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import start_state
 from supo_jax.model.policy import Policy, load_policy, new_policy
 from supo_jax.rl.multihost import barrier, is_main
+
+if TYPE_CHECKING:   # transformers is slow to import; the tokenizer code imports it when used
+    from transformers import PreTrainedTokenizerFast
 
 
 def _sample_value(schema: dict):
@@ -24,7 +30,7 @@ def _sample_value(schema: dict):
             "object": {}}.get(t, "text")
 
 
-def env_corpus(cfg: C.Config, n: int = 24) -> list[str]:
+def env_corpus(cfg: Config, n: int = 24) -> list[str]:
     """Texts of the environment for a tiny policy's tokenizer: the summary and continuation
     templates, task prompts, tool schemas, and turns: the scripted expert's where the
     environment has one, else one call of each tool with schema-typed arguments and its
@@ -87,7 +93,7 @@ def _demo_text(line: str) -> str:
         return line
 
 
-def env_tokenizer(cfg: C.Config, out_dir: str | None = None):
+def env_tokenizer(cfg: Config, out_dir: str | None = None) -> PreTrainedTokenizerFast:
     """The tiny policy's tokenizer for this config (every command builds the same one)."""
     from supo_jax.model.tiny import tiny_tokenizer
 
@@ -96,14 +102,20 @@ def env_tokenizer(cfg: C.Config, out_dir: str | None = None):
                           template=m.tiny_template)
 
 
-def build_policy(cfg: C.Config, run_dir: str | None = None, mesh=None) -> Policy:
+def load_configured_policy(path: str, m: ModelSection, *, mesh: Mesh | None = None) -> Policy:
+    """The checkpoint at `path` loaded as the model section says: parameter and compute
+    dtypes, remat, attention and precision."""
+    return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
+                       **m.decoder_options())
+
+
+def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = None) -> Policy:
     """The configured policy: a checkpoint (model.path / train.init_from) or a tiny random one
     whose tokenizer is trained on the environment's texts (saved in the run directory)."""
     m = cfg.model
     path = cfg.train.init_from or m.path
     if path:
-        return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
-                           **m.decoder_options())
+        return load_configured_policy(path, m, mesh=mesh)
     from supo_jax.model.policy import load_tokenizer
     from supo_jax.model.tiny import tiny_config
 
@@ -136,7 +148,7 @@ def model_fingerprint(policy: Policy) -> str:
     return hashlib.sha1(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> None:
+def check_prompt_fits(cfg: Config, fmt: ChatFormat, split: str = "train") -> None:
     """Fail at start (a ValueError naming context.working_context) when the first task's
     initial prompt, rendered with the policy's tokenizer, does not fit the working context;
     say so when the chat template leaves the environment's tools out of the prompt."""
@@ -153,7 +165,7 @@ def check_prompt_fits(cfg: C.Config, fmt: ChatFormat, split: str = "train") -> N
               "system message")
 
 
-def row_len(cfg: C.Config, fmt: ChatFormat) -> int:
+def row_len(cfg: Config, fmt: ChatFormat) -> int:
     return cfg.optim.max_row_len or cfg.context.row_bound(fmt)
 
 
@@ -179,18 +191,19 @@ def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None
             json.dump({"model_fingerprint": fp, "model": sig}, f, indent=2)
 
 
-def check_resume_config(run_dir: str, cfg: C.Config, steps) -> None:
+def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None:
     """A run directory holding checkpoints resumes only with the settings that produced them
-    (C.RESUMABLE_KEYS may change): otherwise a ConfigError lists the differences and the two
-    ways on. With train.accept_config_change the saved config is kept as config.step<N>.json."""
-    saved = C.saved_config(run_dir) if steps else None
+    (supo_jax.config.RESUMABLE_KEYS may change): otherwise a ConfigError lists the differences
+    and the two ways on. With train.accept_config_change the saved config is kept as
+    config.step<N>.json."""
+    saved = saved_config(run_dir) if steps else None
     if saved is None:
         return
-    changes = C.config_changes(saved, cfg)
+    changes = config_changes(saved, cfg)
     if not changes:
         return
     if not cfg.train.accept_config_change:
-        raise C.ConfigError(
+        raise ConfigError(
             f"{run_dir} holds a run (checkpoint step {max(steps)}) made with other settings:\n  "
             + "\n  ".join(changes) + "\nstart a new run with another train.run_dir, or continue "
             "this one with the new settings: --set train.accept_config_change=true")

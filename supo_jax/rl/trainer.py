@@ -21,27 +21,34 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import time
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
+from jax.sharding import Mesh
 
-from supo_jax import config as C
-from supo_jax.agent.context import ENV_FAILURES
+from supo_jax.agent.context import ENV_FAILURES, ContextConfig
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import PolicyActor, run_rollouts, summarize
+from supo_jax.agent.rollout import PolicyActor, Rollout, run_rollouts, summarize
 from supo_jax.checkpoint import RunCheckpoints
+from supo_jax.config import Config, ConfigError, OptimSection, to_dict
+from supo_jax.model.policy import Policy
 from supo_jax.model.sharding import put, replicated
 from supo_jax.model.weights import host_array
-from supo_jax.rl.batch import build_batch, permute_rewards, rollout_advantages
+from supo_jax.rl.batch import (Advantages, TrainBatch, build_batch, permute_rewards,
+                               rollout_advantages)
+from supo_jax.rl.configs import LossConfig
 from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_scalars
 from supo_jax.rl.multihost import (barrier, exchange_rollouts, is_main, make_run_mesh,
                                    place_batch, process_local_policy, share)
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
-                              model_fingerprint, row_len)
+                              load_configured_policy, model_fingerprint, row_len)
 from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs,
                                     train_step)
 from supo_jax.sampling.sampler import SamplingParams
@@ -50,8 +57,10 @@ from supo_jax.utils import json_safe
 log = logging.getLogger(__name__)
 
 
-def rollout_batch(policy, fmt, cfg: C.Config, tasks, *, seed: int, context=None, group_size=None,
-                  sampling=None, progress=None):
+def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[dict], *,
+                  seed: int, context: ContextConfig | None = None, group_size: int | None = None,
+                  sampling: SamplingParams | None = None,
+                  progress: Callable[[int], object] | None = None) -> list[Rollout]:
     """Rollouts of `tasks` with the current policy (a fresh sampler: params changed).
 
     Multi-process (jax.process_count() = P > 1), per-process task sharding: every process
@@ -91,7 +100,7 @@ _REPORTED_ERRORS: set = set()
 _REPORTED_UNTRAINED: list = []
 
 
-def report_untrained(row: dict, log=print) -> None:
+def report_untrained(row: dict, log: Callable[[str], None] = print) -> None:
     """One line, the first time in this process a step takes no update, saying why (no group
     of rollouts carried an advantage); metrics.jsonl counts such steps as updates = 0."""
     if row.get("updates") or _REPORTED_UNTRAINED or not is_main():
@@ -106,7 +115,7 @@ def report_untrained(row: dict, log=print) -> None:
         "updates = 0 in metrics.jsonl counts such steps (this is not printed again)")
 
 
-def report_env_errors(rollouts, log=print) -> None:
+def report_env_errors(rollouts: Sequence[Rollout], log: Callable[[str], None] = print) -> None:
     """One line for each kind of environment error (an exception or timeout in reset / step,
     which fails only its rollout) the first time it occurs in this process; every step's
     metrics count them as env_error_rate."""
@@ -121,7 +130,7 @@ def report_env_errors(rollouts, log=print) -> None:
                 "metrics.jsonl counts them; this error is not printed again)")
 
 
-def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
+def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = True) -> dict:
     """SFT on demonstrations (scripted experts by default). Returns a small report."""
     from supo_jax.envs import make_tasks
     from supo_jax.rl.sft import expert_segments, jsonl_segments, sft_train
@@ -169,8 +178,8 @@ def warm_start(policy, fmt, cfg: C.Config, progress=True) -> dict:
             "sft_loss_first": hist[0]["loss"], "sft_loss_last": hist[-1]["loss"]}
 
 
-def evaluate(policy, fmt, cfg: C.Config, *, max_summaries=None, tasks=None, seed: int = 0,
-             progress=True) -> dict:
+def evaluate(policy: Policy, fmt: ChatFormat, cfg: Config, *, max_summaries: int | None = None,
+             tasks: Sequence[dict] | None = None, seed: int = 0, progress: bool = True) -> dict:
     """Success etc. on the held-out split with an optional summary cap: greedy (one rollout
     per task) by default, or train.eval_samples rollouts per task at train.eval_temperature."""
     import dataclasses
@@ -200,23 +209,23 @@ class Run:
     """One RL run's live state. The parameters and optimizer state are replaced by every
     update (the policy's model follows them); `report` collects what eval.json records
     besides the final eval (resumed_from, the warm start's figures, eval_before)."""
-    cfg: C.Config
-    policy: object
+    cfg: Config
+    policy: Policy
     fmt: ChatFormat
-    mesh: object
+    mesh: Mesh | None              # None on a single device
     ckpts: RunCheckpoints
-    fingerprint: str
-    tx: object
-    graphdef: object
-    params: object
-    opt_state: object
+    fingerprint: str               # model_fingerprint(policy)
+    tx: optax.GradientTransformation
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    opt_state: optax.OptState
     start: int = 0
     report: dict = dataclasses.field(default_factory=dict)
-    ref_params: object = None    # the starting policy's parameters (loss.kl_coef > 0 only)
-    placebo_rng: object = None   # advantage.permute_rewards: the permutations' random stream
+    ref_params: nnx.State | None = None   # the starting policy's parameters (loss.kl_coef > 0)
+    placebo_rng: np.random.Generator | None = None   # advantage.permute_rewards' permutations
 
 
-def train(cfg: C.Config) -> dict:
+def train(cfg: Config) -> dict:
     """Run (or resume) the configured RL run. Returns the final metrics and eval."""
     run = open_run(cfg)
     metrics_log = MetricsLog(cfg.train.run_dir, run.start)
@@ -243,14 +252,16 @@ def train(cfg: C.Config) -> dict:
         history.append(row)
         if outer:
             outer.update(1)
-            outer.set_postfix(success=f"{row['success_rate']:.2f}", loss=f"{row['loss']:.3f}")
+            loss = row["loss"]   # nan: no row of the step carried an advantage
+            outer.set_postfix(success=f"{row['success_rate']:.2f}",
+                              loss=f"{loss:.3f}" if math.isfinite(loss) else "- (nothing trained)")
         end_step(run, step + 1, metrics_log, task_position=(pos + B) % len(train_tasks))
     if outer:
         outer.close()
     return finish(run, history, metrics_log)
 
 
-def open_run(cfg: C.Config) -> Run:
+def open_run(cfg: Config) -> Run:
     """Set up (or reopen) the run directory: mesh, policy, the run-directory and resume
     checks, config.json, the optimizer; then restore the latest checkpoint, or on a new
     run warm-start the tiny policy by SFT and checkpoint it as step 0."""
@@ -276,7 +287,7 @@ def open_run(cfg: C.Config) -> Run:
     check_resume_config(run_dir, cfg, ckpts.steps())
     if is_main():
         with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(C.to_dict(cfg), f, indent=2, default=str)
+            json.dump(to_dict(cfg), f, indent=2, default=str)
     o = cfg.optim
     tx = make_optimizer(o.lr, weight_decay=o.weight_decay, clip_norm=o.clip_norm)
     graphdef, params = policy.split()
@@ -311,25 +322,20 @@ def open_run(cfg: C.Config) -> Run:
     return run
 
 
-def reference_params(run: Run):
+def reference_params(run: Run) -> nnx.State:
     """The KL penalty's reference: the run's starting policy (after the warm start or as
     loaded). A new run saves it to run_dir/reference (safetensors), a resumed run loads it
     from there, so the reference of steps after a resume is the one before it."""
-    from supo_jax.model.policy import load_policy
-
     path = os.path.join(run.cfg.train.run_dir, "reference")
     if run.start == 0:
         run.policy.save_pretrained(path)     # collective gathers; process 0 writes
         barrier("supo_jax:reference:written")
         return jax.tree.map(jnp.copy, run.params)   # train_step donates the parameters
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise C.ConfigError(
+        raise ConfigError(
             f"loss.kl_coef > 0 needs the run's reference policy, {path}, which this run did not "
             "write (it started without the KL penalty): start a new run directory")
-    m = run.cfg.model
-    ref = load_policy(path, dtype=m.dtype, mesh=run.mesh, compute_dtype=m.compute_dtype or None,
-                      **m.decoder_options())
-    return ref.split()[1]
+    return load_configured_policy(path, run.cfg.model, mesh=run.mesh).split()[1]
 
 
 def eval_before(run: Run, metrics_log: MetricsLog) -> None:
@@ -345,7 +351,8 @@ def eval_before(run: Run, metrics_log: MetricsLog) -> None:
         metrics_log.write({"step": 0, **eval_row(run.report["eval_before"])})
 
 
-def step_rollouts(run: Run, step: int, tasks, pool=()) -> tuple[list, list, dict]:
+def step_rollouts(run: Run, step: int, tasks: Sequence[dict], pool: Sequence[dict] = ()
+                  ) -> tuple[list[Rollout], list[Rollout], dict]:
     """The rollouts of RL step `step` + 1 and those it trains on, with how they were sampled.
 
     rollout.dynamic_rounds = 0: one round over `tasks`, every rollout trains. k >= 1 (DAPO's
@@ -374,15 +381,15 @@ def step_rollouts(run: Run, step: int, tasks, pool=()) -> tuple[list, list, dict
         rounds += 1
         if not k:
             return got, got, {}
-        _, _, adv, trained = run_advantages(run, got)
-        useful = {r.group_id for r, a, t in zip(got, adv, trained) if t and a != 0}
+        adv = run_advantages(run, got)
+        useful = {r.group_id for r, a, t in zip(got, adv.advantages, adv.trained) if t and a != 0}
         for g in sorted(useful)[:B - informative]:
             kept += [dataclasses.replace(r, group_id=informative) for r in got if r.group_id == g]
             informative += 1
     return first, kept, {"rounds": rounds, "groups_trained": informative}
 
 
-def run_advantages(run: Run, rollouts):
+def run_advantages(run: Run, rollouts: Sequence[Rollout]) -> Advantages:
     """rollout_advantages of `rollouts` under the run's config (their rewards permuted first
     for a placebo control, advantage.permute_rewards)."""
     if run.cfg.advantage.permute_rewards:
@@ -392,18 +399,19 @@ def run_advantages(run: Run, rollouts):
     return rollout_advantages(rollouts, run.cfg.advantage)
 
 
-def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> dict:
+def rl_step(run: Run, step: int, tasks: Sequence[dict], *, max_len: int, loss_cfg: LossConfig,
+            pool: Sequence[dict] = ()) -> dict:
     """RL step `step` + 1 on `tasks`: rollouts, advantages, the PPO update. Returns the
     step's metrics row (the rollout metrics are those of `tasks`, the first round)."""
     cfg, o = run.cfg, run.cfg.optim
     t0 = time.time()
     rollouts, trainable, sampled = step_rollouts(run, step, tasks, pool)
     t1 = time.time()
-    segs, seg_adv, _, _ = run_advantages(run, trainable)
+    adv = run_advantages(run, trainable)
     upd = {}
-    if segs:
-        batch = build_batch(segs, seg_adv, max_len=max_len, rows_multiple=o.minibatch_rows,
-                            pack=o.pack)
+    if adv.segments:
+        batch = build_batch(adv.segments, adv.segment_advantages, max_len=max_len,
+                            rows_multiple=o.minibatch_rows, pack=o.pack)
         run.params, run.opt_state, upd = ppo_update(
             run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
             loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1,
@@ -416,7 +424,7 @@ def rl_step(run: Run, step: int, tasks, *, max_len: int, loss_cfg, pool=()) -> d
             **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
             "masked_rate": float(np.mean([r.reason in cfg.advantage.masked_reasons
                                           for r in rollouts])),
-            "segments": len(segs), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
+            "segments": len(adv.segments), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
 
 
 def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int) -> None:
@@ -452,8 +460,11 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     return result
 
 
-def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh,
-               seed: int, ref_params=None, lr=None):
+def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
+               opt_state: optax.OptState, batch: TrainBatch, *, tx: optax.GradientTransformation,
+               loss_cfg: LossConfig, optim: OptimSection, mesh: Mesh | None, seed: int,
+               ref_params: nnx.State | None = None, lr: float | None = None
+               ) -> tuple[nnx.State, optax.OptState, dict]:
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
     optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The
@@ -493,7 +504,8 @@ def ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opti
     return params, opt_state, {**upd, "updates": len(ms) - stopped, "rows": int(batch.rows)}
 
 
-def init_opt_state(tx, params, mesh):
+def init_opt_state(tx: optax.GradientTransformation, params: nnx.State,
+                   mesh: Mesh | None) -> optax.OptState:
     """Optimizer state with every leaf placed: moments follow their parameters' shardings,
     scalars (step counts) are replicated over the mesh (restores then match exactly)."""
     opt_state = tx.init(params)

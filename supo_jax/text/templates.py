@@ -1,4 +1,4 @@
-"""Default text of the SUPO summary turn and of the continuation prompt (SUPO.md §2)."""
+"""Default text of the SUPO summary turn and of the continuation prompt (docs/SUPO.md §2)."""
 
 SUMMARY_INSTRUCTION = (
     "The conversation history is too long to continue. Write a summary of the work so far that "

@@ -1,4 +1,4 @@
-"""Search suite in the spirit of BrowseComp-Plus (SUPO.md §8), registered as "search".
+"""Search suite in the spirit of BrowseComp-Plus (docs/SUPO.md §8), registered as "search".
 
 A locally generated corpus (deterministic by (corpus_seed, corpus_size); default 2,000
 pages) describes invented people, cities, companies and products, and the multi-hop
