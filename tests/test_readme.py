@@ -66,6 +66,24 @@ def _close(metric, got, want) -> bool:
     return abs(got - want) <= (tol if tol is not None else 0.3 * abs(want))
 
 
+# the held-out gain the Quickstart's run must show: between its placebo's and its own
+QUICK_GAIN = 0.3
+
+
+def test_quickstart_gain_band_separates_the_recipe_from_its_placebo():
+    """The committed run gains more than QUICK_GAIN and its placebo (the same run with each
+    step's rewards permuted) less: the band tells learning from drift."""
+    import json
+
+    d = os.path.join(ROOT, "experiments", "results", "default_2026-11-27", "quickstart")
+
+    def gain(name):
+        ev = [json.loads(ln)["eval/success_rate"] for ln in open(os.path.join(d, name))
+              if "eval/success_rate" in ln]
+        return ev[-1] - ev[0]
+    assert gain("placebo_metrics.jsonl") < QUICK_GAIN < gain("default_metrics.jsonl")
+
+
 @pytest.mark.long
 def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     """`supo-jax train`, exactly as the Quickstart shows it, from an empty directory (about
@@ -87,7 +105,7 @@ def test_quickstart_train_command_verbatim_prints_the_readme_table(tmp_path):
     far = [(k, i, got[k][i], float(w)) for k, ws in want.items() for i, w in enumerate(ws)
            if not _close(k, got[k][i], float(w))]
     assert not far, (far, r.stdout[-3000:])
-    assert got["success_rate"][3] - got["success_rate"][0] > 0.3, r.stdout[-3000:]
+    assert got["success_rate"][3] - got["success_rate"][0] > QUICK_GAIN, r.stdout[-3000:]
     assert got["overlong_rate"][3] < got["overlong_rate"][0], r.stdout[-3000:]
     assert got["summary_state_share"][3] > got["summary_state_share"][0], r.stdout[-3000:]
     assert (tmp_path / "runs" / "default" / "hf" / "config.json").exists()
