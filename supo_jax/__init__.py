@@ -1,4 +1,8 @@
 """supo_jax: JAX/TPU-native SUPO (summarization-augmented policy optimization) for LLM agents."""
+from supo_jax.utils import skip_absent_tpu
+
+skip_absent_tpu()   # libtpu installed without a TPU: no TPU start-up (and its warnings)
+
 from supo_jax.model.config import ModelConfig
 from supo_jax.model.decoder import Decoder, KVCache
 from supo_jax.model.policy import Policy, load_policy, load_tokenizer, new_policy

@@ -277,6 +277,27 @@ def _cmd_sweep(args) -> None:
     print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
 
 
+def _cmd_plan(args) -> None:
+    import json
+
+    from supo_jax.plan import format_plan, plan
+    from supo_jax.utils import json_safe
+
+    cfg = _config(args)
+    rep = plan(cfg, args.topology, model_config=args.model_config)
+    print(format_plan(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(json_safe(rep), f, indent=2, allow_nan=False)
+        print(f"wrote {args.json}")
+    bad = [n for n, p in rep["programs"].items() if not p["fits"]]
+    if bad:
+        print(f"supo-jax plan: {', '.join(bad)} "
+              f"{'does' if len(bad) == 1 else 'do'} not fit (or compile) on {args.topology}",
+              file=sys.stderr)
+        raise SystemExit(1)
+
+
 _EXAMPLES = {
     "train": "supo-jax train                       # the CPU recipe (supo_jax/configs/cpu_recipe.py)\n"
              "supo-jax train --print-config        # its settings, departures from the paper marked\n"
@@ -289,6 +310,9 @@ _EXAMPLES = {
     "rollout": "supo-jax rollout --env fncall/count --policy scripted --context full --num 64",
     "generate": "supo-jax generate --model HuggingFaceTB/SmolLM2-135M-Instruct --prompt 'Hi'",
     "export": "supo-jax export --model model.gguf --out out/model",
+    "plan": "supo-jax plan --topology v5litepod-4                       # the CPU recipe\n"
+            "supo-jax plan --config experiments/configs/paper_fncall_supo.py --topology v5p-32 "
+            "--model-config /ckpt/Qwen2.5-7B-Instruct --json plan.json",
 }
 
 
@@ -366,6 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="write the rollouts (JSONL: transcripts, "
                    "segments; usable as sft.demos) to this file")
     r.set_defaults(fn=_cmd_rollout)
+    n = _sub(sub, "plan", "compile the run's train step, prefill and decode ahead of time for a "
+             "TPU slice (no TPU needed: libtpu) and report memory per chip, flops, est. time")
+    _config_args(n)
+    n.add_argument("--topology", required=True, help="a TPU slice as gcloud names accelerator "
+                   "types, e.g. v4-8, v5litepod-16, v5p-8, v6e-8 (supo_jax.plan.TOPOLOGIES)")
+    n.add_argument("--model-config", default=None, metavar="DIR", help="a directory holding the "
+                   "model's HF config.json (no weights needed); default: model.path's, or the "
+                   "config's tiny model")
+    n.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    n.set_defaults(fn=_cmd_plan)
     return p
 
 

@@ -44,4 +44,4 @@ def test_install_cell_names_what_to_set_outside_a_checkout(tmp_path):
     # a Python where supo_jax is not importable, in a directory that is not a checkout
     code = "import importlib.util\nimportlib.util.find_spec = lambda name: None\n" + install
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode != 0 and "set REPO to the repository's URL" in r.stderr
+    assert r.returncode != 0 and "set REPO to the repository's git URL" in r.stderr

@@ -29,6 +29,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from supo_jax.model import platform
+
 IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 _NEG = -1e30          # finite: masked scores, and the running max before any key is seen
 
@@ -41,7 +43,7 @@ def resolve(impl: str, dtype, t: int, backend: str | None = None) -> str:
     above."""
     if impl not in IMPLS:
         raise ValueError(f"model.attention={impl!r} is not one of {', '.join(IMPLS)}")
-    backend = backend or jax.default_backend()
+    backend = backend or platform.backend()
     low = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if impl == "auto":
         if backend == "tpu":
@@ -65,7 +67,7 @@ def causal_attention(q, k, v, q_index, segment_ids=None, *, impl: str = "auto", 
                                    block_q=block_q, block_k=block_k)
     if impl == "cudnn":
         return cudnn_attention(q, k, v, q_index, segment_ids, precision=precision)
-    return splash_attention(q, k, v, segment_ids, interpret=jax.default_backend() != "tpu")
+    return splash_attention(q, k, v, segment_ids, interpret=platform.backend() != "tpu")
 
 
 def _mask(q_index, s, segment_ids):
@@ -267,17 +269,28 @@ def cudnn_attention(q, k, v, q_index, segment_ids=None, *, precision=None):
 def splash_attention(q, k, v, segment_ids=None, *, interpret: bool = False,
                      block: int = 512):
     """Pallas TPU splash attention, causal over training rows (q_index = arange(T), S = T).
-    `interpret` runs the kernel in Pallas' interpreter (tests on CPU)."""
+    `interpret` runs the kernel in Pallas' interpreter (tests on CPU).
+
+    The kernel's blocks are multiples of 128 tokens that divide the row: rows of another
+    length (e.g. W = 446) are padded at the end to the next multiple of 128 (padded queries
+    come after every real key, so causality keeps them out of the real rows; their outputs
+    are dropped) and the block is the largest of `block`, 256, 128 that divides them."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    b, t, h, d = q.shape
+    b, t0, h, d = q.shape
     kh = k.shape[1]
     g = h // kh
-    if k.shape[2] != t:
+    if k.shape[2] != t0:
         raise ValueError("splash attention covers training rows (keys = queries); "
                          "use model.attention=blockwise for prefill into a cache")
-    blk = min(block, t)
+    t = -(-t0 // 128) * 128
+    if t != t0:
+        q = jnp.pad(q, ((0, 0), (0, t - t0), (0, 0), (0, 0)))
+        k, v = (jnp.pad(a, ((0, 0), (0, 0), (0, t - t0), (0, 0))) for a in (k, v))
+        if segment_ids is not None:
+            segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t - t0)))
+    blk = next(x for x in (min(block, t), 256, 128) if t % x == 0)
     sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                           block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
                           block_kv_dq=blk)
@@ -291,5 +304,22 @@ def splash_attention(q, k, v, segment_ids=None, *, interpret: bool = False,
         return kernel(qx, kx, vx, segment_ids=sk.SegmentIds(q=sx, kv=sx))
 
     per_head = jax.vmap(one, in_axes=(0, 0, 0, None))               # over kv heads
-    out = jax.vmap(per_head)(qg, k, v, seg.astype(jnp.int32))        # [B, K, G, T, D]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    out = _over_batch_shards(jax.vmap(per_head), qg, k, v, seg.astype(jnp.int32))  # [B,K,G,T,D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)[:, :t0]
+
+
+def _over_batch_shards(fn, *args):
+    """fn(*args) (arrays with the batch first), run per shard of the batch under shard_map
+    where the context mesh (supo_jax.model.sharding.mesh_scope) splits it over data / fsdp:
+    XLA cannot partition a Mosaic kernel itself. Without such a mesh, fn(*args)."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = () if mesh.empty else tuple(a for a in ("data", "fsdp") if a in mesh.axis_names
+                                       and mesh.shape[a] > 1)
+    n = math.prod(mesh.shape[a] for a in axes) if axes else 1
+    if n == 1 or args[0].shape[0] % n:
+        return fn(*args)
+    spec = P(axes)
+    return jax.shard_map(fn, in_specs=(spec,) * len(args), out_specs=spec,
+                         check_vma=False)(*args)

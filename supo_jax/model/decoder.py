@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
 from supo_jax.model.config import ModelConfig
 
@@ -344,7 +345,7 @@ class Decoder(nnx.Module):
         p = self.precision
         if p == "auto":
             f32 = jnp.dtype(self.dtype) == jnp.dtype(jnp.float32)
-            p = "highest" if f32 and jax.default_backend() != "cpu" else "default"
+            p = "highest" if f32 and platform.backend() != "cpu" else "default"
         return None if p == "default" else jax.lax.Precision[p.upper()]
 
     def remat_mode(self, tokens: int) -> str:
@@ -453,7 +454,10 @@ class Decoder(nnx.Module):
 
 
 def _device_bytes() -> int:
-    """Memory of one device: its allocator's limit on an accelerator, the host's RAM on CPU."""
+    """Memory of one device: its allocator's limit on an accelerator, the host's RAM on CPU
+    (a declared target's, supo_jax.model.platform, while programs are traced for one)."""
+    if platform.device_bytes() is not None:
+        return platform.device_bytes()
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:      # backends without memory stats

@@ -120,3 +120,12 @@ def put(x, sharding):
 
 def replicated(mesh: Mesh | None):
     return None if mesh is None else NamedSharding(mesh, P())
+
+
+def mesh_scope(mesh: Mesh | None):
+    """`with mesh_scope(mesh):` traces run with `mesh` as the context mesh (jax.set_mesh), so
+    the kernels that must be partitioned by hand (splash attention under shard_map) see it; a
+    no-op without a mesh."""
+    import contextlib
+
+    return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()

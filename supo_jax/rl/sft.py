@@ -12,6 +12,7 @@ import numpy as np
 from supo_jax.agent.context import ContextConfig, Segment
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+from supo_jax.model.sharding import mesh_scope
 from supo_jax.text.parsing import format_tool_call, parse_action
 
 
@@ -219,7 +220,9 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
         idx = rng.choice(len(segments), size=min(batch_rows, len(segments)), replace=False)
         batch = build_batch([segments[i] for i in idx], [0.0] * len(idx), max_len=max_len,
                             rows_multiple=batch_rows)
-        params, opt_state, m = train_step(graphdef, params, opt_state, batch, tx=tx, cfg=cfg)
+        with mesh_scope(policy.mesh):
+            params, opt_state, m = train_step(graphdef, params, opt_state, batch, tx=tx,
+                                              cfg=cfg)
         nnx.update(policy.model, params)
         history.append({"step": step, "loss": float(m["loss"]), "entropy": float(m["entropy"])})
         if progress:

@@ -39,7 +39,7 @@ from supo_jax.agent.rollout import PolicyActor, Rollout, run_rollouts, summarize
 from supo_jax.checkpoint import RunCheckpoints
 from supo_jax.config import Config, ConfigError, OptimSection, to_dict
 from supo_jax.model.policy import Policy
-from supo_jax.model.sharding import put, replicated
+from supo_jax.model.sharding import mesh_scope, put, replicated
 from supo_jax.model.weights import host_array
 from supo_jax.rl.batch import (Advantages, TrainBatch, build_batch, permute_rewards,
                                rollout_advantages)
@@ -470,6 +470,14 @@ def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
     optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The
     policy follows the new parameters. Returns (params, opt_state, metrics: token-weighted
     means over the updates, updates, rows)."""
+    with mesh_scope(mesh):
+        return _ppo_update(policy, graphdef, params, opt_state, batch, tx=tx,
+                           loss_cfg=loss_cfg, optim=optim, mesh=mesh, seed=seed,
+                           ref_params=ref_params, lr=lr)
+
+
+def _ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh, seed,
+                ref_params, lr):
     o = optim
     if o.recompute_old_logprobs:
         batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(

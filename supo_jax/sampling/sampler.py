@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from supo_jax.model import platform
 from supo_jax.model.decoder import KVCache
 from supo_jax.model.policy import Policy, check_token_ids
 from supo_jax.model.sharding import spec_for
@@ -242,7 +243,7 @@ class Sampler:
         # decode's layers: unrolled over per-layer weights on CPU and GPU (Decoder.layer_weights:
         # the layer scan copies each layer's slice of the weights and cache at every step; see
         # BENCHMARKS.md); TPU keeps the scan (its slices are cheap, the weights' copy is not)
-        self.unroll_layers = (jax.default_backend() in ("cpu", "gpu") if unroll_layers is None
+        self.unroll_layers = (platform.backend() in ("cpu", "gpu") if unroll_layers is None
                               else bool(unroll_layers))
         cfg = policy.config
         dt = cache_dtype or policy.model.dtype

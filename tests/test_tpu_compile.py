@@ -1,0 +1,120 @@
+"""The project's programs compiled ahead of time for a TPU slice, on a machine without a TPU
+(supo_jax.plan: libtpu describes the slice, XLA compiles for its chips; nothing runs)."""
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                       reason="libtpu is not installed (pip install \"jax[tpu]\"; CI installs "
+                       "it with the test extra): no TPU to compile for"),
+    pytest.mark.xdist_group("tpu_compile"),
+]
+
+TOPOLOGY = "v5litepod-4"
+
+
+def _recipe(*sets):
+    from supo_jax.config import load_config
+    return load_config(None, list(sets))
+
+
+def _fits(p):
+    assert "error" not in p, p.get("error")
+    assert p["fits"] and 0 < p["bytes_per_chip"]["total"] < 16 << 30
+    assert p["flops_per_chip"] > 0 and p["estimated_seconds"] > 0
+
+
+def test_sampler_prefill_and_decode_compile_and_fit():
+    """The CPU recipe's prefill (W = 446 tokens into W slots) and one decode chunk (64 steps)
+    at its 32 sampler rows, tiny model sharded over the 4 chips of a v5e slice."""
+    from supo_jax.plan import plan
+
+    rep = plan(_recipe(), TOPOLOGY, programs=("prefill", "decode"))
+    assert rep["chips"] == 4 and rep["mesh"]["fsdp"] == 4
+    assert set(rep["programs"]) == {"prefill", "decode"}
+    assert rep["shapes"]["sampler_rows"] == 32 and rep["shapes"]["cache_len"] == 446
+    for p in rep["programs"].values():
+        _fits(p)
+    assert rep["programs"]["prefill"]["bytes_per_chip"]["alias"] > 0   # the donated cache
+
+
+@pytest.mark.slow
+def test_train_step_compiles_and_fits():
+    """The CPU recipe's train step (16 rows of 446 tokens, AdamW state, donated parameters)
+    with XLA attention: 44-77 s of compilation on 2 shared CPU cores (libtpu's compiler)."""
+    from supo_jax.plan import plan
+
+    rep = plan(_recipe("model.attention=xla"), TOPOLOGY, programs=("train_step",))
+    p = rep["programs"]["train_step"]
+    _fits(p)
+    assert p["bytes_per_chip"]["alias"] > 0        # parameters and optimizer state donated
+
+
+@pytest.mark.slow
+def test_train_step_with_splash_on_several_chips():
+    """model.attention=auto (splash on TPU) inside the train step on 4 chips: the Mosaic
+    kernel runs per batch shard under shard_map (XLA cannot partition it itself)."""
+    from supo_jax.plan import plan
+
+    rep = plan(_recipe(), TOPOLOGY, programs=("train_step",))
+    _fits(rep["programs"]["train_step"])
+
+
+@pytest.mark.parametrize("topology,mesh,match", [
+    ("v9-8", [], "unknown TPU topology 'v9-8'"),
+    (TOPOLOGY, ["mesh.fsdp=3"], "needs 3 devices, have 4"),
+])
+def test_bad_input_is_one_line_value_error(topology, mesh, match):
+    from supo_jax.plan import plan
+
+    with pytest.raises(ValueError, match=match) as e:
+        plan(_recipe(*mesh), topology, programs=("decode",))
+    assert "\n" not in str(e.value)
+
+
+def test_missing_config_json_is_value_error(tmp_path):
+    from supo_jax.plan import plan
+
+    with pytest.raises(ValueError, match="no config.json in") as e:
+        plan(_recipe(), TOPOLOGY, model_config=str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_splash_kernel_compiles_through_mosaic():
+    """model.attention=splash's kernel lowered for TPU chips (not interpreted): causal, packed
+    segment ids, GQA (4 query heads over 2 key/value heads), rows of 446 tokens (padded to
+    512 inside) and padding rows (segment id 0); forward and gradients. Each chip runs its
+    rows (shard_map over the batch: XLA does not partition a Mosaic kernel itself)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from supo_jax.model import platform
+    from supo_jax.model.attention import causal_attention
+    from supo_jax.plan import CHIPS, tpu_devices
+
+    mesh = Mesh(np.asarray(tpu_devices(TOPOLOGY)), ("fsdp",))
+    b, t, h, kh, d = 8, 446, 4, 2, 16
+
+    def attn(q, k, v, seg):
+        qi = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (q.shape[0], t))
+        return causal_attention(q, k, v, qi, seg, impl="splash")
+
+    sharded = jax.shard_map(attn, mesh=mesh, in_specs=(P("fsdp"),) * 4, out_specs=P("fsdp"),
+                            check_vma=False)
+    grads = jax.grad(lambda *a: sharded(*a).astype(jnp.float32).sum(), (0, 1, 2))
+    spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt,
+                                                  sharding=NamedSharding(mesh, P("fsdp")))
+    args = (spec((b, t, h, d), jnp.bfloat16), spec((b, kh, t, d), jnp.bfloat16),
+            spec((b, kh, t, d), jnp.bfloat16), spec((b, t), jnp.int32))
+    with platform.compiling_for("tpu", CHIPS["v5e"]["hbm_bytes"]):
+        for fn in (sharded, grads):
+            t0 = time.perf_counter()
+            lowered = jax.jit(fn).lower(*args)
+            assert "tpu_custom_call" in lowered.as_text()     # Mosaic, not the interpreter
+            compiled = lowered.compile()
+            assert compiled.cost_analysis()["flops"] > 0
+            assert time.perf_counter() - t0 < 60
