@@ -41,6 +41,7 @@ BENCHMARKS = (
 OPTIONAL = (
     ("gpu", "GPU: train step, decode vs transformers, bf16 logprob mismatch (Qwen2.5-0.5B shapes)",
      []),
+    ("tpu_plan", "TPU slices for the paper's setups (verified by compilation, no TPU)", []),
 )
 TITLES = {n: t for n, t, _ in BENCHMARKS + OPTIONAL}
 OUT = os.path.join(common.REPO, "BENCHMARKS.md")

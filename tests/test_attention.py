@@ -191,6 +191,7 @@ def test_config_names_a_bad_model_option():
         load_config(None, ["model.remat=always"])
 
 
+@pytest.mark.slow
 def test_train_step_memory_linear_in_row_length():
     """XLA's compiled memory of a train step (blockwise attention, chunked LM head, full remat)
     grows linearly with T and stays below one [T, V] float32 tensor; the plain path's does not."""

@@ -1,5 +1,6 @@
 """Configs: every experiment file loads; overrides are typed; typos name the key."""
 import dataclasses
+import functools
 import glob
 import os
 
@@ -13,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py"))))
 def test_every_experiment_config_loads_and_roundtrips(path):
     try:
-        cfg = load_config(path)
+        cfg = _experiment(os.path.basename(path))
     except ConfigError as e:   # a config of a downloaded model (e.g. SmolLM2) while offline
         if "unavailable" not in str(e):
             raise
@@ -131,6 +132,13 @@ def _values(cfg):
     return {k: get(cfg, k) for k in PAPER}
 
 
+@functools.lru_cache(maxsize=None)
+def _experiment(name):
+    """An experiment config, loaded once (the search setup builds a 100K-document corpus to
+    check its knobs)."""
+    return load_config(os.path.join(ROOT, "experiments", "configs", name))
+
+
 def test_defaults_and_paper_configs_are_the_papers_algorithm():
     from supo_jax import config as C
     from supo_jax.text.templates import SUMMARY_INSTRUCTION
@@ -139,10 +147,10 @@ def test_defaults_and_paper_configs_are_the_papers_algorithm():
     assert C.PAPER_SUPO["context.summary_instruction"] == SUMMARY_INSTRUCTION
     assert _values(Config()) == PAPER and C.departures(Config()) == {}
     for name in PAPER_CONFIGS:
-        cfg = load_config(os.path.join(ROOT, "experiments", "configs", name))
+        cfg = _experiment(name)
         assert _values(cfg) == PAPER, name
         assert C.departures(cfg) == {}, name
-    grpo = load_config(os.path.join(ROOT, "experiments", "configs", "paper_fncall_grpo32k.py"))
+    grpo = _experiment("paper_fncall_grpo32k.py")
     assert list(C.departures(grpo)) == ["context.manager"]     # the baseline, same update
 
 
@@ -196,7 +204,7 @@ def test_paper_trigger_is_095_W_and_reserve_is_the_recipes_L():
 
     fmt = ChatFormat(tiny_tokenizer(template="qwen"))
     for name, w in (("paper_fncall_supo.py", 4096), ("paper_search_supo.py", 65536)):
-        ctx = load_config(os.path.join(ROOT, "experiments", "configs", name)).context
+        ctx = _experiment(name).context
         assert ctx.limit(fmt) == int(0.95 * w) and ctx.trigger_rule == "paper"
         reserve = dataclasses.replace(ctx, trigger_rule="reserve")
         assert reserve.limit(fmt) == min(int(0.95 * w), w - reserve.reserve(fmt))

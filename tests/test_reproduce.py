@@ -68,6 +68,7 @@ def test_new_family_config_changes_only_the_task():
         {k: v for k, v in rep["train"].items() if k != "run_dir"}
 
 
+@pytest.mark.slow
 def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     from reproduce_cpu import QUICK
@@ -89,6 +90,7 @@ def test_update_probe_reports_greedy_failures_and_the_update_by_advantage_sign(t
                 or re.search(r"all \d+ tokens P [\d.]+ -> [\d.]+ \(log-probability [-+][\d.]+\)", line)), line
 
 
+@pytest.mark.slow
 def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, monkeypatch,
                                                                      capsys):
     """experiments/placebo.py (advantage.permute_rewards): the advantages of every training step
@@ -141,6 +143,7 @@ def test_placebo_permutes_each_steps_rewards_and_runs_a_normal_train(tmp_path, m
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_update_probe_retention_measures_what_an_update_does_to_kept_tokens(tmp_path):
     """Retention (update_probe.py step 3): unchanged params give the start's probabilities; one
     PPO update with a positive advantage on the kept segments themselves raises them."""

@@ -244,6 +244,7 @@ def test_frozen_summarizer_writes_untrained_summaries(fmt):
         _run(fmt, name, cfg, n=1)
 
 
+@pytest.mark.slow
 def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
     import json
     import subprocess

@@ -122,6 +122,7 @@ def test_unrolled_decode_equals_scan_decode():
                                        atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unroll", [False, True])
 def test_chunked_decode_equals_one_call(unroll):
     """A generation cut into chunks of 8 steps, each attending over the span its rows

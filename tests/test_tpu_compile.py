@@ -118,3 +118,11 @@ def test_splash_kernel_compiles_through_mosaic():
             compiled = lowered.compile()
             assert compiled.cost_analysis()["flops"] > 0
             assert time.perf_counter() - t0 < 60
+
+
+def test_plan_cli_bad_topology_exits_2(capsys):
+    from supo_jax import cli
+
+    assert cli.main(["plan", "--topology", "v9-8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown TPU topology 'v9-8'" in err[0]

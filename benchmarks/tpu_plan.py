@@ -1,0 +1,123 @@
+"""The paper's setups planned for TPU slices by compilation (supo_jax.plan), on a CPU host.
+
+For each setup: the config, the model's shapes (experiments/models/NAME/config.json, no
+weights), and per TPU generation the slices to try, smallest first; the first slice on which
+every program (train step, prefill, decode) compiles and fits is the result, with each
+program's bytes a chip, FLOPs a chip and roofline time, and the run's estimated training and
+rollout tokens a second a chip (one minibatch's tokens over the train step's roofline time;
+the sampler rows' decode tokens over the decode chunk's). Slower than the other benchmarks:
+each 32B-36B program compiles for minutes on 2 CPU cores.
+
+    python benchmarks/tpu_plan.py                      # every setup; writes results/tpu_plan.json
+    python benchmarks/tpu_plan.py --only 7b,8b         # some of them
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import common
+
+MODELS = os.path.join(common.REPO, "experiments", "models")
+CONFIGS = os.path.join(common.REPO, "experiments", "configs")
+ONE_CHIP_ROWS = ["optim.minibatch_rows=16", "optim.micro=1"]   # 16 rows x 4096 tokens a step
+# name -> (what, config file, model, overrides, {generation: slices to try, smallest first})
+SETUPS = {
+    "codegym": ("CodeGym-style: Qwen2.5-32B-Instruct, W = 4096, S = 7, 128 tasks x 8",
+                "paper_fncall_supo.py", "qwen2.5-32b-instruct", [],
+                {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-256"],
+                 "v6e": ["v6e-32", "v6e-256"]}),
+    "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
+                   "paper_search_supo.py", "seed-oss-36b-instruct", [],
+                   {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-256"],
+                    "v6e": ["v6e-32", "v6e-256"]}),
+    "7b": ("Qwen2.5-7B-Instruct, W = 4096, 16 rows a step", "paper_fncall_supo.py",
+           "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
+    "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
+           ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
+}
+
+
+def plan_setup(name: str, smoke: bool = False) -> list[dict]:
+    from supo_jax.config import load_config
+    from supo_jax.plan import plan
+
+    what, config, model, sets, slices = SETUPS[name]
+    cfg = load_config(os.path.join(CONFIGS, config), sets)
+    rows = []
+    for gen, tries in slices.items():
+        for topology in tries[:1] if smoke else tries:
+            rep = plan(cfg, topology, model_config=os.path.join(MODELS, model))
+            rows.append({"setup": name, "what": what, "generation": gen, **rep,
+                         "overrides": sets, "tokens_per_second_per_chip": _rates(rep)})
+            print(f"{name} {topology}: {'fits' if rep['fits'] else 'does not fit'} "
+                  + ", ".join(f"{k} {_gib(p)}" for k, p in rep["programs"].items()), flush=True)
+            if rep["fits"]:
+                break
+    return rows
+
+
+def _gib(p: dict) -> str:
+    return p.get("error", "")[:60] or f"{p['bytes_per_chip']['total'] / 2**30:.2f} GiB"
+
+
+def _rates(rep: dict) -> dict:
+    """Training and rollout tokens a second a chip from the roofline times."""
+    s, p, chips = rep["shapes"], rep["programs"], rep["chips"]
+    out = {}
+    if "estimated_seconds" in p.get("train_step", {}):
+        out["train"] = s["minibatch_rows"] * s["row_len"] / p["train_step"]["estimated_seconds"] / chips
+    if "estimated_seconds" in p.get("decode", {}):
+        out["rollout"] = s["sampler_rows"] * s["decode_steps"] / p["decode"]["estimated_seconds"] / chips
+    return out
+
+
+def main(argv=None):
+    p = common.parser(__doc__)
+    p.add_argument("--only", default=",".join(SETUPS), help="setups, comma-separated")
+    args = p.parse_args(argv)
+    run = common.Run("tpu_plan", args, argv)
+    rows = []
+    for name in args.only.split(","):
+        rows += plan_setup(name, smoke=args.smoke)
+        partial = os.path.join(args.out_dir, "tpu_plan.partial.json")
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(partial, "w") as f:     # what stands if a long compile is stopped
+            json.dump(rows, f, indent=1)
+    run.write({"rows": rows, "targets": []})
+
+
+def markdown(res: dict) -> str:
+    out = ["Verified by compilation: libtpu describes each slice and XLA compiles the run's own "
+           "programs for it on this CPU host; nothing ran on a TPU. Bytes are XLA's per-chip "
+           "memory (arguments + outputs - donated + temporaries + code) against the chip's HBM; "
+           "times are rooflines (max of FLOPs / peak bf16 FLOP/s and bytes accessed / HBM "
+           "bandwidth), not measurements. Tokens a second a chip: training, one minibatch's "
+           "tokens over the train step's time; rollouts, the sampler rows' decode tokens over "
+           "the decode chunk's time.", "",
+           "| setup | slice | chips | fits | train step GiB / chip | prefill GiB / chip | "
+           "decode GiB / chip | train step TFLOP / chip | train step ms | train tok/s/chip | "
+           "rollout tok/s/chip |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["results"]["rows"]:
+        p = r["programs"]
+
+        def gib(name):
+            x = p.get(name, {})
+            return "fails: " + x["error"][:40] if "error" in x else (
+                f"{x['bytes_per_chip']['total'] / 2**30:.2f}" if x else "-")
+        ts = p.get("train_step", {})
+        rates = r["tokens_per_second_per_chip"]
+        out.append(f"| {r['what']} | {r['topology']} | {r['chips']} | "
+                   f"{'yes' if r['fits'] else '**no**'} | {gib('train_step')} | {gib('prefill')} | "
+                   f"{gib('decode')} | "
+                   f"{ts['flops_per_chip'] / 1e12:.1f} | {ts['estimated_seconds'] * 1e3:.0f} | "
+                   if "flops_per_chip" in ts else
+                   f"| {r['what']} | {r['topology']} | {r['chips']} | **no** | {gib('train_step')} | "
+                   f"{gib('prefill')} | {gib('decode')} | - | - | ")
+        out[-1] += (f"{rates['train']:.0f} | " if "train" in rates else "- | ") + (
+            f"{rates['rollout']:.0f} |" if "rollout" in rates else "- |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
