@@ -35,17 +35,25 @@ def _cmd_export(args) -> None:
     print(f"wrote {args.out} ({policy.config.num_params / 1e6:.1f}M parameters)")
 
 
-def _config(args):
-    """The command's config; its first line of output names it. With --print-config: print
-    the resolved settings (departures from the paper's algorithm marked) and exit."""
-    from supo_jax.config import describe, format_config, load_config
+def _config(args, announce: bool = True):
+    """The command's config; its first line of output names it (unless `announce` is false:
+    the caller names what it runs). With --print-config: print the resolved settings
+    (departures from the paper's algorithm marked) and exit."""
+    from supo_jax.config import describe, load_config
 
-    print(describe(args.config), flush=True)
+    if announce:
+        print(describe(args.config), flush=True)
     cfg = load_config(args.config, args.set or [])
-    if getattr(args, "print_config", False):
-        print(format_config(cfg, _resolved_limit(cfg)))
-        raise SystemExit(0)
+    if announce and getattr(args, "print_config", False):
+        _print_config(cfg)
     return cfg
+
+
+def _print_config(cfg) -> None:
+    from supo_jax.config import format_config
+
+    print(format_config(cfg, _resolved_limit(cfg)))
+    raise SystemExit(0)
 
 
 def _resolved_limit(cfg):
@@ -72,13 +80,16 @@ def _run_config(args):
     import dataclasses
     import os
 
-    from supo_jax.config import (ConfigError, apply_overrides, config_changes, from_dict,
-                                 saved_config)
+    from supo_jax.config import (ConfigError, apply_overrides, config_changes, describe,
+                                 from_dict, saved_config)
 
-    cfg = _config(args)
+    cfg = _config(args, announce=False)
     fn = os.path.join(cfg.train.run_dir, "config.json")
     saved = saved_config(cfg.train.run_dir)
     if saved is None:
+        print(describe(args.config), flush=True)
+        if args.print_config:
+            _print_config(cfg)
         return cfg
     try:
         base = from_dict(saved)
@@ -99,7 +110,10 @@ def _run_config(args):
                                                                run_dir=cfg.train.run_dir))
     print(f"config: {fn} (the run's settings)"
           + (f" with {', '.join(args.set)}" if args.set else ""))
-    return apply_overrides(base, args.set or [])
+    cfg = apply_overrides(base, args.set or [])
+    if args.print_config:
+        _print_config(cfg)
+    return cfg
 
 
 def _cmd_train(args) -> None:
@@ -209,7 +223,7 @@ def _cmd_sft(args) -> None:
 def _cmd_rollout(args) -> None:
     from supo_jax.agent.render import ChatFormat
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
-    from supo_jax.config import describe, format_config, load_config
+    from supo_jax.config import describe, load_config
     from supo_jax.envs import make_env, make_tasks
     from supo_jax.envs.experts import expert_for, has_expert
     from supo_jax.rl.runs import check_prompt_fits
@@ -223,8 +237,7 @@ def _cmd_rollout(args) -> None:
     print(describe(args.config), flush=True)
     cfg = load_config(args.config, sets)
     if args.print_config:
-        print(format_config(cfg, _resolved_limit(cfg)))
-        return
+        _print_config(cfg)
     if args.policy == "scripted" and not has_expert(cfg.env.name):
         raise ValueError(f"--policy scripted: environment {cfg.env.name!r} has no scripted expert "
                          "(register one with supo_jax.envs.experts.register_expert, or pass "
