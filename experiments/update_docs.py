@@ -14,6 +14,8 @@ Blocks:
                  copy it to RESULTS first)
 docs/SCALING.md:
   gpu_smollm2    the SmolLM2 GPU runs' table, from their metrics.jsonl files (GPU_SMOLLM2)
+  tpu_plan_example  supo_jax.plan.format_plan of the committed `supo-jax plan` report
+                 (TPU_PLAN)
 """
 from __future__ import annotations
 
@@ -99,9 +101,22 @@ def gpu_smollm2() -> str:
     return "\n".join(rows)
 
 
+TPU_PLAN = os.path.join("experiments", "results", "tpu_plan_cpu_recipe", "plan.json")
+
+
+def tpu_plan_example() -> str:
+    from supo_jax.plan import format_plan
+
+    rep = json.load(open(os.path.join(ROOT, TPU_PLAN)))
+    return (f"(jax {rep['versions']['jax']}, libtpu {rep['versions']['libtpu']}; "
+            f"{TPU_PLAN})\n\n" + "\n".join("    " + ln if ln else "" for ln in
+                                      format_plan(rep).splitlines()))
+
+
 BLOCKS = {"README.md": {"quickstart": quickstart, "departures": departures,
                         "reproduce_cpu": reproduce_cpu},
-          os.path.join("docs", "SCALING.md"): {"gpu_smollm2": gpu_smollm2}}
+          os.path.join("docs", "SCALING.md"): {"gpu_smollm2": gpu_smollm2,
+                                               "tpu_plan_example": tpu_plan_example}}
 
 
 def render(text: str, blocks: dict) -> str:

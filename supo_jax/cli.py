@@ -300,8 +300,10 @@ def _cmd_plan(args) -> None:
     rep = plan(cfg, args.topology, model_config=args.model_config)
     print(format_plan(rep))
     if args.json:
+        from supo_jax.utils import provenance
         with open(args.json, "w") as f:
-            json.dump(json_safe(rep), f, indent=2, allow_nan=False)
+            json.dump(json_safe({**rep, "provenance": provenance()}), f, indent=2,
+                      allow_nan=False)
         print(f"wrote {args.json}")
     bad = [n for n, p in rep["programs"].items() if not p["fits"]]
     if bad:

@@ -272,7 +272,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                         "vocab": mc.vocab_size, "params": mc.num_params,
                         "dtype": cfg.model.dtype, "compute_dtype": cfg.model.compute_dtype
                         or cfg.model.dtype, "attention": cfg.model.attention},
-              "programs": {}}
+              "programs": {}, "versions": _versions()}
     with platform.compiling_for("tpu", chip["hbm_bytes"]):
         built, shapes = _programs(cfg, mc, mesh)
         unknown = set(programs or ()) - set(built)
@@ -296,6 +296,18 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                                         "compile_seconds": time.perf_counter() - t0}
     report["fits"] = all(p["fits"] for p in report["programs"].values())
     return report
+
+
+def _versions() -> dict:
+    import importlib.metadata
+
+    import jax
+
+    try:
+        libtpu = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        libtpu = None
+    return {"jax": jax.__version__, "libtpu": libtpu}
 
 
 def _gib(n: float) -> str:

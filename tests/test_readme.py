@@ -155,6 +155,8 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     monkeypatch.setattr(trainer, "open_run", stop)
     monkeypatch.setattr(trainer, "warm_start", stop)      # sft
     monkeypatch.setattr(cli, "_restore_policy", stop)     # eval: a trained run's policy
+    from supo_jax import plan as plan_module
+    monkeypatch.setattr(plan_module, "plan", stop)        # plan: the compiles themselves
     monkeypatch.setattr(sweep, "run_sweep", stop)
     monkeypatch.setattr(rollout, "run_rollouts", stop)   # rollout commands (test_byo_env runs them)
     seen = []
