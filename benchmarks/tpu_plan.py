@@ -20,7 +20,9 @@ import common
 
 MODELS = os.path.join(common.REPO, "experiments", "models")
 CONFIGS = os.path.join(common.REPO, "experiments", "configs")
-ONE_CHIP_ROWS = ["optim.minibatch_rows=16", "optim.micro=1"]   # 16 rows x 4096 tokens a step
+# 16 training rows x 4096 tokens an update; 8 tasks x 8 rollouts sampled together
+ONE_CHIP_ROWS = ["optim.minibatch_rows=16", "optim.micro=1", "rollout.tasks_per_step=8",
+                 "rollout.rows=64"]
 # name -> (what, config file, model, overrides, {generation: slices to try, smallest first})
 SETUPS = {
     "codegym": ("CodeGym-style: Qwen2.5-32B-Instruct, W = 4096, S = 7, 128 tasks x 8",
@@ -116,7 +118,9 @@ def markdown(res: dict) -> str:
                    f"{gib('prefill')} | {gib('decode')} | - | - | ")
         out[-1] += (f"{rates['train']:.0f} | " if "train" in rates else "- | ") + (
             f"{rates['rollout']:.0f} |" if "rollout" in rates else "- |")
-    return "\n".join(out)
+    if res.get("note"):
+        out += ["", f"Note: {res['note']}."]
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
