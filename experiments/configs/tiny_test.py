@@ -3,6 +3,7 @@ from supo_jax.agent.context import ContextConfig
 from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
 from supo_jax.config import (Config, EnvSection, ModelSection, OptimSection, RolloutSection,
                              SFTSection, TrainSection)
+from supo_jax.rl.configs import AdvantageConfig
 
 
 def config() -> Config:
@@ -17,6 +18,10 @@ def config() -> Config:
                               trigger_rule="reserve", summary_role="user"),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4),
         optim=OptimSection(lr=1e-3, minibatch_rows=4),
-        train=TrainSection(steps=3, save_every=1, run_dir="runs/tiny_test", progress=False),
+        # what this config had when Config()'s defaults were the CPU recipe's: an SFT warm
+        # start and a quarter weight on negative advantages (the tests pin its behaviour)
+        advantage=AdvantageConfig(negative_weight=0.25),
+        train=TrainSection(steps=3, save_every=1, run_dir="runs/tiny_test", progress=False,
+                           sft_warm_start=True),
         sft=SFTSection(num_demos=4, steps=3, batch_rows=4),
     )
