@@ -24,6 +24,7 @@ def _ids(rs, n, v=97):
     return rs.randint(0, v, n).tolist()
 
 
+@pytest.mark.slow
 def test_incremental_prefill_equals_full_prefill(policy):
     rs = np.random.RandomState(0)
     a, b = _ids(rs, 9), _ids(rs, 13)
@@ -42,6 +43,7 @@ def test_incremental_prefill_equals_full_prefill(policy):
     assert s.lengths[0] == len(ctx) + 6 and int(s.cache.lengths[0]) == len(ctx) + 6
 
 
+@pytest.mark.slow
 def test_reset_and_copy_prefix_reuse_cached_prompt(policy):
     rs = np.random.RandomState(1)
     s1, x = _ids(rs, 11), _ids(rs, 5)
@@ -92,6 +94,7 @@ def test_sampler_logprobs_equal_training_forward(policy, sp):
         np.testing.assert_allclose(lp, o.logprobs, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_unrolled_decode_equals_scan_decode():
     """Decode over per-layer weights and per-layer caches (the CPU default) = decode with
     the layer scan over the stacked cache: tokens, logprobs, and the cache it leaves

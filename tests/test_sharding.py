@@ -19,6 +19,7 @@ def ckpt(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 2, 2), (1, 4, 2), (1, 1, 8)])
 def test_sharded_logits_and_sampling_match(ckpt, shape):
     mesh = make_mesh(*shape)
