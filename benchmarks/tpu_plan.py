@@ -27,12 +27,14 @@ ONE_CHIP_ROWS = ["optim.minibatch_rows=16", "optim.micro=1", "rollout.tasks_per_
 SETUPS = {
     "codegym": ("CodeGym-style: Qwen2.5-32B-Instruct, W = 4096, S = 7, 128 tasks x 8",
                 "paper_fncall_supo.py", "qwen2.5-32b-instruct", [],
-                {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-256"],
-                 "v6e": ["v6e-32", "v6e-256"]}),
+                {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-128",
+                                                      "v5litepod-256"],
+                 "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
     "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
                    "paper_search_supo.py", "seed-oss-36b-instruct", [],
-                   {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-256"],
-                    "v6e": ["v6e-32", "v6e-256"]}),
+                   {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-128",
+                                                         "v5litepod-256"],
+                    "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
     "7b": ("Qwen2.5-7B-Instruct, W = 4096, 16 rows a step", "paper_fncall_supo.py",
            "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
     "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
@@ -40,18 +42,32 @@ SETUPS = {
 }
 
 
+def micro_for(cfg, chips: int) -> int:
+    """The config's optim.micro, lowered until a micro-batch's rows split over the chips (the
+    mesh's data x fsdp): splash attention runs per batch shard, so a micro-batch has at least
+    one row a chip."""
+    rows, micro = cfg.optim.minibatch_rows, cfg.optim.micro
+    while micro > 1 and (rows % micro or (rows // micro) % chips):
+        micro -= 1
+    return micro
+
+
 def plan_setup(name: str, smoke: bool = False) -> list[dict]:
     from supo_jax.config import load_config
-    from supo_jax.plan import plan
+    from supo_jax.plan import plan, tpu_devices
 
     what, config, model, sets, slices = SETUPS[name]
-    cfg = load_config(os.path.join(CONFIGS, config), sets)
     rows = []
     for gen, tries in slices.items():
         for topology in tries[:1] if smoke else tries:
-            rep = plan(cfg, topology, model_config=os.path.join(MODELS, model))
+            cfg = load_config(os.path.join(CONFIGS, config), sets)
+            micro = micro_for(cfg, len(tpu_devices(topology)))
+            topo_sets = sets + ([f"optim.micro={micro}"] if micro != cfg.optim.micro else [])
+            cfg = load_config(os.path.join(CONFIGS, config), topo_sets)
+            rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
+                       host_copy=name == "codegym")
             rows.append({"setup": name, "what": what, "generation": gen, **rep,
-                         "overrides": sets, "tokens_per_second_per_chip": _rates(rep)})
+                         "overrides": topo_sets, "tokens_per_second_per_chip": _rates(rep)})
             print(f"{name} {topology}: {'fits' if rep['fits'] else 'does not fit'} "
                   + ", ".join(f"{k} {_gib(p)}" for k, p in rep["programs"].items()), flush=True)
             if rep["fits"]:

@@ -297,7 +297,7 @@ def _cmd_plan(args) -> None:
     from supo_jax.utils import json_safe
 
     cfg = _config(args)
-    rep = plan(cfg, args.topology, model_config=args.model_config)
+    rep = plan(cfg, args.topology, model_config=args.model_config, host_copy=args.host_copy)
     print(format_plan(rep))
     if args.json:
         from supo_jax.utils import provenance
@@ -305,7 +305,7 @@ def _cmd_plan(args) -> None:
             json.dump(json_safe({**rep, "provenance": provenance()}), f, indent=2,
                       allow_nan=False)
         print(f"wrote {args.json}")
-    bad = [n for n, p in rep["programs"].items() if not p["fits"]]
+    bad = [n for n, p in rep["programs"].items() if not p["fits"] and n != "decode_host_copy"]
     if bad:
         print(f"supo-jax plan: {', '.join(bad)} "
               f"{'does' if len(bad) == 1 else 'do'} not fit (or compile) on {args.topology}",
@@ -414,6 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "model's HF config.json (no weights needed); default: model.path's, or the "
                    "config's tiny model")
     n.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    n.add_argument("--host-copy", action="store_true", help="also compile the decode as a "
+                   "per-host copy of the policy would run it (one host's chips holding the whole "
+                   "policy), for comparison with sampling on the training mesh; not counted in "
+                   "the exit status")
     n.set_defaults(fn=_cmd_plan)
     return p
 

@@ -14,10 +14,15 @@ precision, remat by the chip's memory, the sampler's layer scan):
                supo_jax.model.sharding's rules over the mesh (mesh.data x mesh.fsdp x
                mesh.tensor; fsdp -1 spans the chips), the batch over (data, fsdp)
   prefill      supo_jax.sampling.sampler.prefill: a W-token prefill of every sampler row
-               (min(rollout.rows, tasks_per_step x group_size)) into a cache of W slots
+               (supo_jax.rl.runs.sampler_rows: min(rollout.rows, tasks_per_step x group_size)
+               rounded up to the mesh's batch axes) into a cache of W slots, on the training
+               mesh (every process samples with the parameters as training shards them)
   decode       supo_jax.sampling.sampler.decode: one chunk of decode steps over those rows,
                attending over all W slots
   recompute_logprobs   (only with optim.recompute_old_logprobs)
+  decode_host_copy     (host_copy=True / --host-copy) the decode of one host's share of the
+               rows on that host's chips alone, as a per-process copy of the policy would
+               run it: for comparison
 
 For each: XLA's per-chip memory (arguments, outputs, temporaries, aliased = donated buffers
 reused by outputs) against the chip's HBM, its flops per chip, and a roofline estimate of its
@@ -44,6 +49,7 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
     "v5litepod-16": ("v5e:4x4", "default", (2, 2, 1)),
     "v5litepod-32": ("v5e:4x8", "default", (2, 2, 1)),
     "v5litepod-64": ("v5e:8x8", "default", (2, 2, 1)),
+    "v5litepod-128": ("v5e:8x16", "default", (2, 2, 1)),
     "v5litepod-256": ("v5e:16x16", "default", (2, 2, 1)),
     "v5p-8": ("v5p:2x2x1", "megacore", (2, 2, 1)),
     "v5p-16": ("v5p:2x2x2", "megacore", (2, 2, 1)),
@@ -53,6 +59,8 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
     "v6e-8": ("v6e:2x4", "default", (2, 4, 1)),
     "v6e-16": ("v6e:4x4", "default", (2, 2, 1)),
     "v6e-32": ("v6e:4x8", "default", (2, 2, 1)),
+    "v6e-64": ("v6e:8x8", "default", (2, 2, 1)),
+    "v6e-128": ("v6e:8x16", "default", (2, 2, 1)),
     "v6e-256": ("v6e:16x16", "default", (2, 2, 1)),
 }
 
@@ -74,8 +82,20 @@ def generation(topology: str) -> str:
 
 def tpu_devices(topology: str) -> list:
     """The compile-only devices of a slice (libtpu's description of its chips)."""
-    name, chip_config, per_host = TOPOLOGIES[topology] if topology in TOPOLOGIES else (
-        generation(topology), None, None)
+    return _describe(*(TOPOLOGIES[topology] if topology in TOPOLOGIES else (
+        generation(topology), None, None)), topology)
+
+
+def host_devices(topology: str) -> list:
+    """The compile-only devices of one host of a slice (its chips alone, as a slice of
+    their own: XLA compiles for a whole topology, not for a subset of one)."""
+    name, chip_config, per_host = TOPOLOGIES[topology]
+    dims = per_host if name.startswith(("v4", "v5p")) else per_host[:2]
+    return _describe(name.split(":")[0] + ":" + "x".join(map(str, dims)), chip_config, per_host,
+                     topology)
+
+
+def _describe(name: str, chip_config, per_host, topology: str) -> list:
     # libtpu looks for the host's TPU at start-up; there is none here: say what it would ask
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology)
@@ -165,7 +185,7 @@ def abstract_opt_state(tx, params, mesh):
     return jax.tree_util.tree_map_with_path(place, shapes)
 
 
-def _programs(cfg, mc, mesh):
+def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
     """{name: (jitted function, args, kwargs)}: the run's programs with abstract inputs."""
     import jax
     import jax.numpy as jnp
@@ -173,6 +193,7 @@ def _programs(cfg, mc, mesh):
     from supo_jax.model.decoder import KVCache
     from supo_jax.model.sharding import batch_sharding, spec_for
     from supo_jax.rl.batch import TrainBatch
+    from supo_jax.rl.runs import sampler_rows
     from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
     from supo_jax.sampling.sampler import SamplingParams, bucket, decode, prefill
     from jax.sharding import NamedSharding
@@ -206,7 +227,7 @@ def _programs(cfg, mc, mesh):
 
     # the sampler (trainer.rollout_batch's rows; Sampler's cache of W slots in the compute
     # dtype, sharded as Sampler shards it); a W-token prefill, one decode chunk over W slots
-    B = min(r.rows, r.tasks_per_step * r.group_size)
+    B = sampler_rows_ or sampler_rows(cfg, r.tasks_per_step * r.group_size, mesh)
     cache_shape = (mc.num_layers, B, mc.num_kv_heads, W, mc.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
                                          cache_shape, mesh))
@@ -248,12 +269,15 @@ def _figures(compiled, chip: dict) -> dict:
 
 
 def plan(cfg, topology: str, *, model_config: str | None = None,
-         programs: tuple[str, ...] | None = None) -> dict:
+         programs: tuple[str, ...] | None = None, host_copy: bool = False) -> dict:
     """Compile the run's programs (train_step, prefill, decode) ahead of time for the TPU
     slice `topology` (a gcloud accelerator type, e.g. v5litepod-16) and report, for each, its
     bytes per chip against the chip's HBM, whether it fits, its flops per chip and an estimated
     time. ValueError (one line) for an unknown topology, a mesh the chips do not divide, or a
-    missing config.json. `programs`: compile only these (names as above); default all."""
+    missing config.json. `programs`: compile only these (names as above); default all.
+    host_copy: also compile `decode_host_copy`, the decode over one host's chips alone (the
+    whole policy sharded over them: what a per-process copy of the policy would need),
+    reported beside the others and not counted in `fits`."""
     from supo_jax.model import platform
     from supo_jax.model.sharding import make_mesh, mesh_scope
 
@@ -280,12 +304,20 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             raise ValueError(f"unknown program(s) {', '.join(sorted(unknown))}; this config "
                              f"has {', '.join(built)}")
         report["shapes"] = shapes
-        for name, (fn, args, kwargs) in built.items():
-            if programs is not None and name not in programs:
-                continue
+        todo = [(name, mesh, prog) for name, prog in built.items()
+                if programs is None or name in programs]
+        if host_copy:
+            host = host_devices(topology)
+            hmesh = make_mesh(1, -1, 1, devices=host)
+            # one host's share of the sampler rows, on its own chips with the whole policy
+            rows = -(-shapes["sampler_rows"] * len(host) // len(devices))
+            todo.append(("decode_host_copy", hmesh,
+                         _programs(cfg, mc, hmesh, sampler_rows_=rows)[0]["decode"]))
+            report.update(host_chips=len(host), host_sampler_rows=rows)
+        for name, m, (fn, args, kwargs) in todo:
             t0 = time.perf_counter()
             try:
-                with mesh_scope(mesh):
+                with mesh_scope(m):
                     compiled = fn.lower(*args, **kwargs).compile()
             except Exception as e:   # noqa: BLE001  (XLA / Mosaic refusing the program is the finding)
                 report["programs"][name] = {"fits": False, "error": f"{type(e).__name__}: "
@@ -294,7 +326,8 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                 continue
             report["programs"][name] = {**_figures(compiled, chip),
                                         "compile_seconds": time.perf_counter() - t0}
-    report["fits"] = all(p["fits"] for p in report["programs"].values())
+    report["fits"] = all(p["fits"] for n, p in report["programs"].items()
+                         if n != "decode_host_copy")
     return report
 
 
@@ -325,6 +358,11 @@ def format_plan(rep: dict) -> str:
              "shapes: " + ", ".join(f"{k} {v}" for k, v in rep["shapes"].items())]
     for name, p in rep["programs"].items():
         lines.append("")
+        if name == "decode_host_copy":
+            lines.append(f"decode_host_copy: the decode of one host's share of the rows "
+                         f"({rep['host_sampler_rows']}) on its {rep['host_chips']} chips alone, "
+                         "as a per-host copy of the policy would run it (not counted in the "
+                         "exit status)")
         if "error" in p:
             lines.append(f"{name}: DOES NOT COMPILE ({p['error']})")
             continue

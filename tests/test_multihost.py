@@ -1,12 +1,15 @@
-"""Multi-host training verified on one machine: two JAX processes on localhost.
+"""Multi-host training verified on one machine: JAX processes on localhost.
 
 Two `supo-jax train` processes (one CPU device each, JAX_PLATFORMS=cpu, a local
 coordinator through SUPO_JAX_COORDINATOR / SUPO_JAX_NUM_PROCESSES / SUPO_JAX_PROCESS_ID)
-share one global mesh: the tiny policy is sharded over both processes' devices, each
-process runs the rollouts of its own share of each step's tasks, and both take two train
-steps together. They must report the same losses, process 0 alone must write the logs,
-and the Orbax checkpoint written collectively must restore in a single process to the
-exported weights.
+share one global mesh: the tiny policy is sharded over both processes' devices, both sample
+every step's rollouts on that mesh (each stepping its own rows' environments), and both
+take two train steps together. They must report the same losses, process 0 alone must write
+the logs, and the Orbax checkpoint written collectively must restore in a single process to
+the exported weights.
+
+Sampling on the training mesh (tests/rollout_worker.py): the same rollouts from 2 processes
+x 4 devices, 1 process x 8 devices and 1 process x 1 device.
 """
 import ast
 import json
@@ -40,28 +43,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("multihost") / "run")
+def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400) -> list[str]:
+    """Run `cmd` as n JAX processes of `devices` CPU devices each (one coordinator on
+    localhost); their stdout, after asserting that each exited 0."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
-           "--set", f"train.run_dir={run_dir}"]
-    for s in SETS:
-        cmd += ["--set", s]
     procs = []
-    for i in range(N):
+    for i in range(n):
         # JAX_PLATFORMS=cpu also where the default platform is a GPU: two processes cannot
         # each own the one GPU of a machine, and the CPU backend's collectives (gloo) are
         # what this test checks
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   JAX_PLATFORMS="cpu", SUPO_JAX_COORDINATOR=f"localhost:{port}",
-                   SUPO_JAX_NUM_PROCESSES=str(N), SUPO_JAX_PROCESS_ID=str(i))
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu")
+        if n > 1:
+            env.update(SUPO_JAX_COORDINATOR=f"localhost:{port}", SUPO_JAX_NUM_PROCESSES=str(n),
+                       SUPO_JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=400))
+            outs.append(p.communicate(timeout=timeout))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -69,7 +70,70 @@ def two_process_run(tmp_path_factory):
                 p.wait()
     for i, (p, (_, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i}:\n{err[-3000:]}"
-    return run_dir, [o for o, _ in outs]
+    return [o for o, _ in outs]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("multihost") / "run")
+    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
+           "--set", f"train.run_dir={run_dir}"]
+    for s in SETS:
+        cmd += ["--set", s]
+    return run_dir, _processes(cmd, N, 1)
+
+
+# 6 tasks x 2 samples on 8 sampler rows (rows are reused), 8 turns with summaries, T = 1
+ROLLOUT_SETS = ["rollout.tasks_per_step=6", "rollout.group_size=2", "rollout.rows=8",
+                "context.max_steps=8"]
+
+
+@pytest.fixture(scope="module")
+def mesh_rollouts(tmp_path_factory):
+    """{(processes, devices each): every process's output} of tests/rollout_worker.py."""
+    base = tmp_path_factory.mktemp("mesh_rollouts")
+    run_dir = str(base / "run")        # the first run trains the tokenizer, the others load it
+    got = {}
+    for n, d in [(1, 1), (1, 8), (2, 4)]:
+        out = str(base / f"{n}x{d}")
+        _processes([sys.executable, "-m", "tests.rollout_worker", run_dir, out] + ROLLOUT_SETS,
+                   n, d)
+        got[n, d] = []
+        for i in range(n):
+            with open(os.path.join(out, f"rollouts_{i}.json")) as f:
+                got[n, d].append(json.load(f))
+    return got
+
+
+def _tokens(rollouts):
+    """Everything of each rollout but its logprobs."""
+    return [dict(r, segments=[(s["tokens"], s["mask"]) for s in r["segments"]],
+                 dropped=[(s["tokens"], s["mask"]) for s in r["dropped"]]) for r in rollouts]
+
+
+def _logprobs(rollouts):
+    return np.asarray([lp for r in rollouts for s in r["segments"] + r["dropped"]
+                       for lp in s["logprobs"]])
+
+
+def test_sampling_on_the_training_mesh_matches_one_process(mesh_rollouts):
+    """2 processes x 4 devices decode on one 8-device mesh (no per-process copy) and each
+    steps its own rows' environments: every process returns the same rollouts, and they
+    are those of one process on 8 devices and on 1 device (tokens, transcripts, rewards,
+    summaries; logprobs to float rounding: the programs are partitioned differently)."""
+    (one,), (eight,), two = (mesh_rollouts[k] for k in [(1, 1), (1, 8), (2, 4)])
+    assert two[0]["processes"] == 2 and two[0]["devices"] == 8
+    assert two[0]["mesh"] == eight["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert one["mesh"] is None
+    assert two[0]["rollouts"] == two[1]["rollouts"]
+    ref = one["rollouts"]
+    assert len(ref) == 12
+    # the rollouts ran long enough to summarize and to reuse rows
+    assert sum(r["counters"]["summaries"] for r in ref) >= 12
+    assert len({tuple(s["tokens"]) for r in ref for s in r["segments"]}) > 12
+    for got in (eight["rollouts"], two[0]["rollouts"]):
+        assert _tokens(got) == _tokens(ref)
+        np.testing.assert_allclose(_logprobs(got), _logprobs(ref), atol=1e-5)
 
 
 def _metrics(run_dir):
@@ -77,11 +141,12 @@ def _metrics(run_dir):
         return [json.loads(x) for x in f if x.strip()]
 
 
-def test_processes_share_one_mesh_and_their_tasks(two_process_run):
+def test_processes_share_one_mesh_and_their_rows(two_process_run):
     _, outs = two_process_run
     for i, out in enumerate(outs):
         assert (f"process {i} of 2: mesh {{'data': 1, 'fsdp': 2, 'tensor': 1}} over 2 devices; "
-                "rollouts of 1 of the 2 tasks of each step") in out, out
+                "sampling on the training mesh; this process steps the environments of rows "
+                f"{i}, {i + 2}, ...") in out, out
 
 
 def test_processes_agree_on_the_losses(two_process_run):

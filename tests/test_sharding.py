@@ -47,3 +47,34 @@ def test_mesh_errors():
     with pytest.raises(ValueError, match="needs"):
         make_mesh(3, 1, 1)
     assert make_mesh(2, -1, 2).shape == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_sampler_cache_sharded_over_rows_and_kv_heads(ckpt):
+    """Sampling on the training mesh: the KV cache and the last logits are made sharded (rows
+    over data x fsdp, kv heads over tensor; a device holds 1/8 of the cache), and a
+    generation on them equals the unsharded one."""
+    from supo_jax.sampling.sampler import Sampler
+
+    mesh = make_mesh(2, 2, 2)
+    pol = supo_jax.load_policy(ckpt, mesh=mesh)
+    assert pol.config.num_kv_heads % 2 == 0
+    s = Sampler(pol, 8, 64)
+    k = s.cache.k
+    assert k.sharding.spec[1] == ("data", "fsdp") and k.sharding.spec[2] == "tensor"
+    assert k.addressable_shards[0].data.size == k.size // 8
+    assert s.last_logits.sharding.spec[0] == ("data", "fsdp")
+    ids = np.random.RandomState(1).randint(0, pol.config.vocab_size, (8, 12))
+    a = generate(pol, ids.tolist(), 8)
+    b = generate(supo_jax.load_policy(ckpt), ids.tolist(), 8)
+    assert [x.tokens for x in a] == [x.tokens for x in b]
+
+
+def test_sampler_rows_round_up_to_the_batch_axes():
+    from supo_jax.config import load_config
+    from supo_jax.rl.runs import sampler_rows
+
+    cfg = load_config(None, ["rollout.rows=12"])
+    assert sampler_rows(cfg, 100, None) == 12 and sampler_rows(cfg, 5, None) == 5
+    assert sampler_rows(cfg, 100, make_mesh(2, 2, 2)) == 12       # data x fsdp = 4
+    assert sampler_rows(cfg, 100, make_mesh(1, 8, 1)) == 16
+    assert sampler_rows(cfg, 3, make_mesh(1, 8, 1)) == 8

@@ -63,6 +63,36 @@ def test_train_step_with_splash_on_several_chips():
     _fits(rep["programs"]["train_step"])
 
 
+def test_host_copy_decode_holds_the_policy_on_one_host():
+    """--host-copy: the decode of one host's share of the rows on its own chips (v5e hosts
+    hold 4 chips) needs more bytes a chip than the same rows' decode on the training mesh
+    of all 16 chips (the policy over 4 chips instead of 16); it is reported beside the
+    others and does not decide `fits`."""
+    from supo_jax.plan import plan
+
+    rep = plan(_recipe(), "v5litepod-16", programs=("decode",), host_copy=True)
+    assert rep["chips"] == 16 and rep["host_chips"] == 4
+    assert rep["host_sampler_rows"] == rep["shapes"]["sampler_rows"] // 4
+    mesh, host = rep["programs"]["decode"], rep["programs"]["decode_host_copy"]
+    _fits(mesh)
+    _fits(host)
+    assert host["bytes_per_chip"]["argument"] > mesh["bytes_per_chip"]["argument"]
+    assert rep["fits"]
+
+
+def test_splash_batch_not_split_over_the_chips_names_the_settings():
+    """A micro-batch of 2 rows cannot run splash per batch shard over 4 chips: the train
+    step is reported as not compiling, with the settings that fix it."""
+    from supo_jax.plan import plan
+
+    rep = plan(_recipe("model.attention=splash", "optim.minibatch_rows=2", "optim.micro=1"),
+               TOPOLOGY, programs=("train_step",))
+    p = rep["programs"]["train_step"]
+    assert not rep["fits"] and not p["fits"]
+    assert "2 rows a micro-batch do not split over the mesh's data x fsdp = 4" in p["error"]
+    assert "optim.minibatch_rows / optim.micro a multiple of 4" in p["error"]
+
+
 @pytest.mark.parametrize("topology,mesh,match", [
     ("v9-8", [], "unknown TPU topology 'v9-8'"),
     (TOPOLOGY, ["mesh.fsdp=3"], "needs 3 devices, have 4"),

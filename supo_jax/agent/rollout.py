@@ -178,14 +178,37 @@ class _Row:
 def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
     """The rollout state of an env.reset() result; a ValueError naming
     context.working_context if its initial prompt does not fit the working context."""
-    msgs = ([{"role": "system", "content": rs.system}] if rs.system else []) + [
-        {"role": "user", "content": rs.prompt}]
-    state = initial_state(fmt, msgs, [t.schema() for t in rs.tools])
+    return _start(fmt, cfg, rs.system, rs.prompt, [t.schema() for t in rs.tools])
+
+
+def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
+           tools: list[dict]) -> RolloutState:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}]
+    state = initial_state(fmt, msgs, tools)
     if len(state.prefix) >= cfg.limit(fmt):
         raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
                          f"the working context: L = {cfg.limit(fmt)} tokens "
                          f"(W = {cfg.working_context}); raise context.working_context")
     return state
+
+
+class Peers(Protocol):
+    """The processes that run one set of rollouts together (supo_jax.rl.multihost.ProcessPeers):
+    every process runs the same driver over all rows, with the same sampler calls; the
+    environment of a row lives on the process that `owns` its slot, and what it returns
+    (reset, step, probe outcomes as plain JSON values) reaches every process by `merge`."""
+    def owns(self, slot: int) -> bool: ...
+    def merge(self, mine: dict[int, object]) -> dict[int, object]: ...
+
+
+class OneProcess:
+    """Peers of a single-process run: it owns every row; merging is the identity."""
+    def owns(self, slot: int) -> bool:
+        return True
+
+    def merge(self, mine: dict[int, object]) -> dict[int, object]:
+        return mine
 
 
 class _Driver:
@@ -194,8 +217,9 @@ class _Driver:
     close finished rows."""
 
     def __init__(self, actor, summarizer, make_env, tasks, fmt, cfg, *, group_size, rows,
-                 env_timeout_s, env_workers, progress):
+                 env_timeout_s, env_workers, progress, peers):
         self.actor, self.summarizer, self.make_env = actor, summarizer, make_env
+        self.peers = peers
         self.fmt, self.cfg, self.timeout, self.progress = fmt, cfg, env_timeout_s, progress
         self.queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)][::-1]
         self.free = list(range(rows))[::-1]
@@ -222,31 +246,47 @@ class _Driver:
             self.progress(1)
 
     def start_rows(self) -> None:
-        """Fill free slots from the queue (env.reset off the accelerator path); a reset that
-        fails, times out or gives a prompt over L fails that rollout only."""
+        """Fill free slots from the queue (env.reset off the accelerator path, by the process
+        that owns the slot); a reset that fails, times out or gives a prompt over L fails
+        that rollout only."""
         starts = []
         while self.free and self.queue:
             task, gi, s = self.queue.pop()
             slot = self.free.pop()
-            env = self.make_env()
-            if hasattr(env, "call_formats"):   # Environment: read the template's call forms
-                env.call_formats = self.fmt.call_formats
-            starts.append((slot, task, gi, s, env, self.pool.submit(env.reset, task)))
-        for slot, task, gi, s, env, fut in starts:
+            env = fut = None
+            if self.peers.owns(slot):
+                env = self.make_env()
+                if hasattr(env, "call_formats"):   # Environment: read the template's call forms
+                    env.call_formats = self.fmt.call_formats
+                fut = self.pool.submit(env.reset, task)
+            starts.append((slot, task, gi, s, env, fut))
+        if not starts:
+            return
+        mine = {}
+        for slot, _, _, _, _, fut in starts:
+            if fut is None:
+                continue
             try:
                 rs = fut.result(timeout=self.timeout)
-                state = start_state(self.fmt, self.cfg, rs)
+                mine[slot] = ["ok", rs.system, rs.prompt, [t.schema() for t in rs.tools]]
             except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
-                reason = ("timeout" if isinstance(e, cf.TimeoutError) else "context_limit"
-                          if isinstance(e, ValueError) and "initial prompt" in str(e)
-                          else "env_error")
-                row = _Row(slot, task, gi, s, env, RolloutState("", (), (), (), ()))
-                self.active[slot] = row
-                row.state = finish(row.state, reason, close=False)
-                row.transcript.append({"role": "error", "content": f"reset: {e!r}"[:500]})
-                self.close(row)
-                continue
-            self.active[slot] = _Row(slot, task, gi, s, env, state)
+                mine[slot] = ["timeout" if isinstance(e, cf.TimeoutError) else "env_error",
+                              f"reset: {e!r}"[:500]]
+        got = self.peers.merge(mine)
+        for slot, task, gi, s, env, _ in starts:
+            kind, *rest = got[slot]
+            if kind == "ok":
+                try:
+                    self.active[slot] = _Row(slot, task, gi, s, env, _start(self.fmt, self.cfg,
+                                                                            *rest))
+                    continue
+                except ValueError as e:
+                    kind, rest = "context_limit", [f"reset: {e!r}"[:500]]
+            row = _Row(slot, task, gi, s, env, RolloutState("", (), (), (), ()))
+            self.active[slot] = row
+            row.state = finish(row.state, kind, close=False)
+            row.transcript.append({"role": "error", "content": rest[0]})
+            self.close(row)
 
     def generate(self, acting: list[_Row], summ: list[_Row]) -> dict:
         """slot -> Generation for every waiting row: one batch per actor (one batch in all
@@ -271,7 +311,28 @@ class _Driver:
                 gens[r.slot] = g
         return gens
 
-    def apply_summaries(self, summ: list[_Row], gens: dict) -> None:
+    def probe(self, r: _Row, gens: dict):
+        """Whether a summary carries the state needed to continue (env.probe: a metric)."""
+        try:
+            return r.env.probe(self.fmt.action_text(gens[r.slot].tokens))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def env_result(self, fut) -> list:
+        """An action's environment outcome as plain values: ["ok", observation (cut to
+        max_observation_tokens; None when done), done, reward, whether it was a tool call],
+        or ["timeout" | "env_error", message] (which ends that rollout)."""
+        try:
+            res = fut.result(timeout=self.timeout)
+        except cf.TimeoutError:
+            return ["timeout", "environment step timed out"]
+        except Exception as e:  # noqa: BLE001
+            return ["env_error", f"step: {e!r}"[:500]]
+        obs = None if res.done else _cut_observation(self.fmt, res.observation,
+                                                     self.cfg.max_observation_tokens)
+        return ["ok", obs, bool(res.done), float(res.reward), "error" not in (res.info or {})]
+
+    def apply_summaries(self, summ: list[_Row], gens: dict, probes: dict) -> None:
         cfg = self.cfg
         for r in summ:
             g = gens[r.slot]
@@ -280,57 +341,50 @@ class _Driver:
             r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
                              {"role": "assistant", "content": text, "summary": True}]
             r.summaries.append(text)
-            try:  # does the summary carry the state needed to continue? (a metric)
-                r.probes.append(r.env.probe(text))
-            except Exception:  # noqa: BLE001
-                r.probes.append(None)
+            r.probes.append(probes[r.slot])
             r.state = after_summary(cfg, self.fmt, r.state, turn,
                                     trained=cfg.manager != "frozen_summarizer")
             r.transcript.append(dict(r.state.messages[-1], continuation=True))
 
-    def apply_env_results(self, acting: list[_Row], gens: dict, futs: dict) -> None:
+    def apply_env_results(self, acting: list[_Row], gens: dict, results: dict) -> None:
         """Each action's environment result (a timeout or an exception ends that rollout)."""
         for r in acting:
             g = gens[r.slot]
-            text, fut = futs[r.slot]
+            text = self.fmt.action_text(g.tokens)
             turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
             r.transcript.append({"role": "assistant", "content": text})
-            try:
-                res = fut.result(timeout=self.timeout)
-            except cf.TimeoutError:
-                r.state = finish(r.state, "timeout")
-                r.transcript.append({"role": "error", "content": "environment step timed out"})
+            kind, *rest = results[r.slot]
+            if kind != "ok":
+                r.state = finish(r.state, kind)
+                r.transcript.append({"role": "error", "content": rest[0]})
                 continue
-            except Exception as e:  # noqa: BLE001
-                r.state = finish(r.state, "env_error")
-                r.transcript.append({"role": "error", "content": f"step: {e!r}"[:500]})
-                continue
-            obs = None if res.done else _cut_observation(self.fmt, res.observation,
-                                                         self.cfg.max_observation_tokens)
+            obs, done, reward, tool_call = rest
             if obs is not None:
                 r.transcript.append({"role": "tool", "content": obs})
             n = len(r.state.tokens)
-            r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, res.done, res.reward,
-                                   tool_call="error" not in (res.info or {}))
+            r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, done, reward,
+                                   tool_call=tool_call)
             if r.state.phase == "summarize" and len(r.state.tokens) == n:
                 for m in r.transcript[-2:]:   # the pair reached L and left the context
                     m["dropped"] = True
 
     def step(self) -> None:
         """One round: start rows, generate, run the actions' tool calls in parallel while the
-        summaries are applied, apply the results, close finished rows."""
+        summaries are probed, share the outcomes between processes, apply them, close
+        finished rows."""
         self.start_rows()
         if not self.active:
             return
         acting = [r for r in self.active.values() if r.state.phase == "act"]
         summ = [r for r in self.active.values() if r.state.phase == "summarize"]
         gens = self.generate(acting, summ)
-        futs = {}
-        for r in acting:
-            text = self.fmt.action_text(gens[r.slot].tokens)
-            futs[r.slot] = (text, self.pool.submit(r.env.act, text))
-        self.apply_summaries(summ, gens)
-        self.apply_env_results(acting, gens, futs)
+        futs = {r.slot: self.pool.submit(r.env.act, self.fmt.action_text(gens[r.slot].tokens))
+                for r in acting if r.env is not None}      # the rows this process owns
+        mine = {r.slot: ["probe", self.probe(r, gens)] for r in summ if r.env is not None}
+        mine.update({slot: self.env_result(fut) for slot, fut in futs.items()})
+        got = self.peers.merge(mine)
+        self.apply_summaries(summ, gens, {r.slot: got[r.slot][1] for r in summ})
+        self.apply_env_results(acting, gens, got)
         for r in list(self.active.values()):
             if r.state.phase == "done":
                 self.close(r)
@@ -339,16 +393,21 @@ class _Driver:
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
                  fmt: ChatFormat, cfg: ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
-                 env_workers: int = 8, progress: Callable[[int], None] | None = None) -> list[Rollout]:
+                 env_workers: int = 8, progress: Callable[[int], None] | None = None,
+                 peers: Peers | None = None) -> list[Rollout]:
     """Run group_size rollouts of every task; returns them in (task, sample) order.
 
     make_env() builds a fresh environment per rollout. With the
     frozen_summarizer manager, `summarizer` writes the summaries (not trained).
+    Several processes (peers: rl.multihost.ProcessPeers) call this together with the same
+    arguments: each steps the environments of the rows it owns, all make the same sampler
+    calls over all rows, and all return the same rollouts.
     """
     if cfg.manager == "frozen_summarizer" and summarizer is None:
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
     d = _Driver(actor, summarizer, make_env, tasks, fmt, cfg, group_size=group_size, rows=rows,
-                env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress)
+                env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress,
+                peers=peers or OneProcess())
     try:
         while d.queue or d.active:
             d.step()

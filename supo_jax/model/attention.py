@@ -304,20 +304,29 @@ def splash_attention(q, k, v, segment_ids=None, *, interpret: bool = False,
         return kernel(qx, kx, vx, segment_ids=sk.SegmentIds(q=sx, kv=sx))
 
     per_head = jax.vmap(one, in_axes=(0, 0, 0, None))               # over kv heads
-    out = _over_batch_shards(jax.vmap(per_head), qg, k, v, seg.astype(jnp.int32))  # [B,K,G,T,D]
+    out = _over_batch_shards(jax.vmap(per_head), qg, k, v, seg.astype(jnp.int32),
+                             kernel=not interpret)                          # [B,K,G,T,D]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)[:, :t0]
 
 
-def _over_batch_shards(fn, *args):
+def _over_batch_shards(fn, *args, kernel: bool = True):
     """fn(*args) (arrays with the batch first), run per shard of the batch under shard_map
     where the context mesh (supo_jax.model.sharding.mesh_scope) splits it over data / fsdp:
-    XLA cannot partition a Mosaic kernel itself. Without such a mesh, fn(*args)."""
+    XLA cannot partition a Mosaic kernel itself. Without such a mesh, fn(*args). A batch the
+    mesh's data x fsdp does not divide is a ValueError naming the settings when fn is a
+    compiled `kernel` (XLA would refuse it; interpreted, it runs unpartitioned)."""
     from jax.sharding import PartitionSpec as P
 
     mesh = jax.sharding.get_abstract_mesh()
     axes = () if mesh.empty else tuple(a for a in ("data", "fsdp") if a in mesh.axis_names
                                        and mesh.shape[a] > 1)
     n = math.prod(mesh.shape[a] for a in axes) if axes else 1
+    if n > 1 and args[0].shape[0] % n and kernel:
+        raise ValueError(
+            f"splash attention runs per shard of the batch, and {args[0].shape[0]} rows a "
+            f"micro-batch do not split over the mesh's data x fsdp = {n} devices: make "
+            f"optim.minibatch_rows / optim.micro a multiple of {n} (fewer micro-batches), "
+            "or move devices to mesh.tensor")
     if n == 1 or args[0].shape[0] % n:
         return fn(*args)
     spec = P(axes)

@@ -1,21 +1,18 @@
 """Multi-process helpers (jax.distributed: a TPU pod or several CPU processes): which process
-is the main one, barriers, each process's share of a list, the run's mesh, a process-local copy
-of a sharded policy, the exchange of rollouts, and placing a batch every process holds."""
+is the main one, barriers, the run's mesh, the processes as rollout peers (each steps its own
+rows' environments; all sample on the training mesh), and placing a batch every process
+holds."""
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any, Iterable
+from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh
 
 from supo_jax.config import Config
-from supo_jax.agent.rollout import Rollout
-from supo_jax.model.policy import Policy, shard_model
-from supo_jax.model.sharding import batch_sharding, make_mesh, replicated
+from supo_jax.model.sharding import batch_sharding, make_mesh
 from supo_jax.rl.batch import TrainBatch
 
 
@@ -30,44 +27,11 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def share(items: Iterable) -> list:
-    """This process's share of a list: items[process_index::process_count]."""
-    return list(items)[jax.process_index()::jax.process_count()]
-
-
 def make_run_mesh(cfg: Config) -> Mesh | None:
     """The mesh over every device of every process (None on a single device)."""
     if jax.device_count() == 1:
         return None
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-
-
-def process_local_policy(policy: Policy) -> Policy:
-    """This process's full copy of a policy sharded over processes, on its own devices.
-
-    The parameters are all-gathered over the global mesh (a jitted identity with
-    replicated outputs); each process keeps the copy on its local devices, sharded over
-    a mesh of them by the usual rules. A policy whose arrays all live on this process
-    is returned as it is."""
-    graphdef, params = policy.split()
-    if policy.mesh is None or all(x.is_fully_addressable for x in jax.tree.leaves(params)):
-        return policy
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    full = jax.jit(lambda p: p, out_shardings=replicated(policy.mesh))(params)
-    devices = jax.local_devices()
-    mesh = make_mesh(1, -1, 1, devices=devices) if len(devices) > 1 else None
-
-    def local(x):
-        shards = [s.data for s in x.addressable_shards]
-        if mesh is None:
-            return shards[0]
-        return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(mesh, P()), shards)
-
-    model = nnx.merge(graphdef, jax.tree.map(local, full))
-    if mesh is not None:
-        shard_model(model, mesh)
-    return Policy(model, policy.tokenizer, mesh)
 
 
 def allgather_json(obj: Any) -> list:
@@ -82,15 +46,21 @@ def allgather_json(obj: Any) -> list:
     return [json.loads(every[p, :int(n)].tobytes()) for p, n in enumerate(sizes.reshape(-1))]
 
 
-def exchange_rollouts(mine: list[Rollout]) -> list[Rollout]:
-    """All processes' rollouts (each ran share(tasks)), in global (task, sample) order."""
-    n = jax.process_count()
-    out = []
-    for p, rows in enumerate(allgather_json([ro.to_json() for ro in mine])):
-        for d in rows:
-            ro = Rollout.from_json(d)
-            out.append(dataclasses.replace(ro, group_id=p + ro.group_id * n))  # local -> global
-    return sorted(out, key=lambda ro: (ro.group_id, ro.sample))
+class ProcessPeers:
+    """The processes of a multi-process run as rollout peers (agent.rollout.Peers): every
+    process runs the same rollout driver over the global sampler rows, on the policy as it
+    is sharded for training; process p owns (resets and steps the environments of) the
+    slots s with s % P == p, and each step's outcomes are exchanged as JSON (text and a
+    few numbers a row: small next to a decode step)."""
+
+    def owns(self, slot: int) -> bool:
+        return slot % jax.process_count() == jax.process_index()
+
+    def merge(self, mine: dict[int, Any]) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for part in allgather_json(sorted(mine.items())):
+            out.update({int(k): v for k, v in part})
+        return out
 
 
 def place_batch(batch: TrainBatch, mesh: Mesh | None) -> TrainBatch:

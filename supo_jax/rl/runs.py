@@ -212,3 +212,14 @@ def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None
                    os.path.join(run_dir, f"config.step{max(steps)}.json"))
         print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
               f"config is kept as config.step{max(steps)}.json")
+
+
+def sampler_rows(cfg: Config, rollouts: int, mesh) -> int:
+    """The sampler's rows for `rollouts` rollouts: rollout.rows at most, rounded up to a
+    multiple of the mesh's batch axes (data x fsdp) so that the KV cache's rows shard
+    over them (the extra rows stay idle)."""
+    n = min(cfg.rollout.rows, rollouts)
+    if mesh is None:
+        return n
+    k = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+    return -(-n // k) * k

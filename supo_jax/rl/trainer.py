@@ -45,10 +45,10 @@ from supo_jax.rl.batch import (Advantages, TrainBatch, build_batch, permute_rewa
                                rollout_advantages)
 from supo_jax.rl.configs import LossConfig
 from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_scalars
-from supo_jax.rl.multihost import (barrier, exchange_rollouts, is_main, make_run_mesh,
-                                   place_batch, process_local_policy, share)
+from supo_jax.rl.multihost import ProcessPeers, barrier, is_main, make_run_mesh, place_batch
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
-                              load_configured_policy, model_fingerprint, row_len)
+                              load_configured_policy, model_fingerprint, row_len,
+                              sampler_rows)
 from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs,
                                     train_step)
 from supo_jax.sampling.sampler import SamplingParams
@@ -63,15 +63,15 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
                   progress: Callable[[int], object] | None = None) -> list[Rollout]:
     """Rollouts of `tasks` with the current policy (a fresh sampler: params changed).
 
-    Multi-process (jax.process_count() = P > 1), per-process task sharding: every process
-    calls this with the same tasks; process p runs only tasks[p::P] (rollout.rows sampler
-    rows per process), on its own copy of the policy (process_local_policy: sampling on
-    the global mesh would need every process to decode the same rows in lockstep). The
-    rollouts are then exchanged (exchange_rollouts), so every process returns the same
-    list of all rollouts, in (task, sample) order as in a single process; advantages,
-    batches and metrics are then computed identically everywhere and each process feeds
-    the train step only the batch rows of its own devices (place_batch). The exchange is
-    host-side token ids and logprobs, small next to the parameters.
+    Multi-process (jax.process_count() = P > 1): every process calls this with the same
+    tasks and seed and runs the same rollout driver over all rollout.rows sampler rows, on
+    the policy as it is sharded for training (no per-process copy): one global prefill or
+    decode call at a time, the KV cache's rows over the mesh's batch axes and its kv heads
+    over the tensor axis. Process p resets and steps the environments of the rows it owns
+    (ProcessPeers: slot % P == p) and shares their outcomes, so every process returns the
+    same rollouts, equal to a single process's for the same seed; advantages, batches and
+    metrics are then computed identically everywhere and each process feeds the train step
+    only the batch rows of its own devices (place_batch).
     """
     from supo_jax.envs import make_env
 
@@ -80,18 +80,11 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
     max_len = ctx.row_bound(fmt)
     g = group_size or r.group_size
-    multi = jax.process_count() > 1
-    mine = share(tasks) if multi else tasks
-    if multi:
-        policy = process_local_policy(policy)
-        seed = hash_seed(seed, jax.process_index())
-    out = []
-    if mine:
-        rows = min(r.rows, len(mine) * g)
-        actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
-        out = run_rollouts(actor, lambda: make_env(cfg.env.name), mine, fmt, ctx, group_size=g,
-                           rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress)
-    out = exchange_rollouts(out) if multi else out
+    rows = sampler_rows(cfg, len(tasks) * g, policy.mesh)
+    actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
+    out = run_rollouts(actor, lambda: make_env(cfg.env.name), tasks, fmt, ctx, group_size=g,
+                       rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress,
+                       peers=ProcessPeers() if jax.process_count() > 1 else None)
     report_env_errors(out)
     return out
 
@@ -192,7 +185,7 @@ def evaluate(policy: Policy, fmt: ChatFormat, cfg: Config, *, max_summaries: int
         cfg.context, max_summaries=int(max_summaries))
     t = cfg.train
     g = t.eval_samples if t.eval_temperature > 0 else 1
-    bar = progress_bar(len(share(tasks)) * g, f"eval S={ctx.max_summaries}" if ctx.summarizes
+    bar = progress_bar(len(tasks) * g, f"eval S={ctx.max_summaries}" if ctx.summarizes
                        else f"eval {ctx.manager}", progress)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=g,
                        sampling=SamplingParams(t.eval_temperature),
@@ -274,11 +267,12 @@ def open_run(cfg: Config) -> Run:
     run_dir = cfg.train.run_dir
     os.makedirs(run_dir, exist_ok=True)
     mesh = make_run_mesh(cfg)
-    B = cfg.rollout.tasks_per_step
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()}: mesh "
               f"{dict(mesh.shape) if mesh else None} over {jax.device_count()} devices; "
-              f"rollouts of {len(share(range(B)))} of the {B} tasks of each step", flush=True)
+              f"sampling on the training mesh; this process steps the environments of rows "
+              f"{jax.process_index()}, {jax.process_index() + jax.process_count()}, ...",
+              flush=True)
     policy = build_policy(cfg, run_dir, mesh)
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt)
@@ -369,7 +363,7 @@ def step_rollouts(run: Run, step: int, tasks: Sequence[dict], pool: Sequence[dic
         if rounds:
             pick = np.random.default_rng(hash_seed(seed, rounds)).choice(len(pool), B)
             tasks = [pool[int(i)] for i in pick]
-        bar = progress_bar(len(share(tasks)) * cfg.rollout.group_size,
+        bar = progress_bar(len(tasks) * cfg.rollout.group_size,
                            f"rollouts {step + 1}" + (f" round {rounds + 1}" if rounds else ""),
                            cfg.train.progress, closing_line=False)
         got = rollout_batch(run.policy, run.fmt, cfg, tasks,

@@ -42,7 +42,8 @@ from jax.sharding import NamedSharding
 from supo_jax.model import platform
 from supo_jax.model.decoder import KVCache
 from supo_jax.model.policy import Policy, check_token_ids
-from supo_jax.model.sharding import spec_for
+from supo_jax.model.sharding import batch_sharding, put, replicated, spec_for
+from supo_jax.model.weights import host_array
 
 log = logging.getLogger(__name__)
 
@@ -247,17 +248,23 @@ class Sampler:
                               else bool(unroll_layers))
         cfg = policy.config
         dt = cache_dtype or policy.model.dtype
-        cache = KVCache.zeros(cfg, batch, max_len, dt)
-        if policy.mesh is not None:
-            spec = spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
-                            cache.k.shape, policy.mesh)
-            kv_sh = NamedSharding(policy.mesh, spec)
-            len_sh = NamedSharding(policy.mesh, spec_for(("batch",), (batch,), policy.mesh))
-            cache = KVCache(jax.device_put(cache.k, kv_sh), jax.device_put(cache.v, kv_sh),
-                            jax.device_put(cache.lengths, len_sh))
+        mesh = self.mesh = policy.mesh
+        if mesh is None:
+            cache = KVCache.zeros(cfg, batch, max_len, dt)
+            self.last_logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
+        else:
+            # made where it lives (a cache spanning processes is never on one host): rows
+            # over the mesh's batch axes, kv heads over its tensor axis
+            shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+            kv_sh = NamedSharding(mesh, spec_for(
+                ("layers", "batch", "kv_heads", "cache_len", "head_dim"), shape, mesh))
+            cache = jax.jit(partial(KVCache.zeros, cfg, batch, max_len, dt), out_shardings=KVCache(
+                kv_sh, kv_sh, batch_sharding(mesh, (batch,))))()
+            self.last_logits = jax.jit(
+                partial(jnp.zeros, (batch, cfg.vocab_size), jnp.float32),
+                out_shardings=batch_sharding(mesh, (batch, cfg.vocab_size)))()
         self._cache, self._stale_lengths = cache, False
         self._layers = None        # (params leaves, their per-layer copy) for the unrolled decode
-        self.last_logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
         self.lengths = np.zeros(batch, np.int64)  # host mirror of cache.lengths
         self.shapes_compiled: set[tuple] = set()
 
@@ -267,8 +274,8 @@ class Sampler:
         transfer for all of them, not an update op per reset)."""
         if self._stale_lengths:
             c = self._cache
-            self._cache = dataclasses.replace(c, lengths=jax.device_put(
-                self.lengths.astype(c.lengths.dtype), c.lengths.sharding))
+            self._cache = dataclasses.replace(c, lengths=put(
+                self.lengths.astype(np.int32), c.lengths.sharding))
             self._stale_lengths = False
         return self._cache
 
@@ -293,6 +300,18 @@ class Sampler:
             self._layers = None                        # free the old copy before cutting
             self._layers = (leaves, layer_weights(graphdef, params))
         return self._layers[1]
+
+    def _rows(self, x: np.ndarray):
+        """A host array of one value per row (the same on every process) as a device array
+        laid out like the cache's rows."""
+        return jnp.asarray(x) if self.mesh is None else put(x, batch_sharding(self.mesh, x.shape))
+
+    def _key(self, rng):
+        """A PRNG key (the same on every process) placed on the whole mesh."""
+        if self.mesh is None:
+            return rng
+        return jax.random.wrap_key_data(put(np.asarray(jax.random.key_data(rng)),
+                                            replicated(self.mesh)))
 
     def _attend(self, need: int) -> int:
         return span_bucket(need, self.min_attend, self.max_len)
@@ -320,9 +339,9 @@ class Sampler:
         attend = self._attend(int((self.lengths + num).max()))
         self._note_shape(("prefill", self.batch, t, attend))
         graphdef, params = self.policy.split()
-        self.cache, last = prefill(graphdef, params, self.cache, jnp.asarray(arr), jnp.asarray(num),
+        self.cache, last = prefill(graphdef, params, self.cache, self._rows(arr), self._rows(num),
                                    attend_len=attend)
-        upd = jnp.asarray(num > 0)[:, None]
+        upd = self._rows(num > 0)[:, None]
         self.last_logits = jnp.where(upd, last, self.last_logits)
         self.lengths += num
 
@@ -356,6 +375,7 @@ class Sampler:
         graphdef, params = self.policy.split()
         layers = self._layer_weights(graphdef, params)
         step0 = 0
+        rng = self._key(rng)
         while left:
             # one call per chunk of steps, each attending over the span its rows reach by
             # the chunk's end: a long generation does not attend over its final span
@@ -370,10 +390,10 @@ class Sampler:
             attend = self._attend(int(max(self.lengths[r] + max_new[r] for r in left)))
             self._note_shape(("decode", self.batch, steps, attend, sampling))
             self.cache, self.last_logits, toks, lps, counts = decode(
-                graphdef, params, self.cache, self.last_logits, rng, jnp.asarray(active),
-                jnp.asarray(max_new), jnp.asarray(stop_ids), jnp.int32(step0), layers, steps=steps,
+                graphdef, params, self.cache, self.last_logits, rng, self._rows(active),
+                self._rows(max_new), self._rows(stop_ids), np.int32(step0), layers, steps=steps,
                 attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
-            toks, lps, counts = jax.device_get((toks, lps, counts))
+            toks, lps, counts = (host_array(x) for x in (toks, lps, counts))
             self.lengths += counts
             step0 += steps
             for r in list(left):

@@ -1,0 +1,42 @@
+"""One process of a rollout run for tests/test_multihost.py: the tiny_test policy on the run's
+mesh (every device of every process: SUPO_JAX_COORDINATOR etc. start several processes),
+trainer.rollout_batch over a fixed set of tasks, each rollout written as JSON to
+OUT/rollouts_<process index>.json.
+
+    python -m tests.rollout_worker RUN_DIR OUT [key=value ...]
+"""
+import json
+import os
+import sys
+
+
+def main(run_dir: str, out: str, sets: list[str]) -> None:
+    from supo_jax.utils import maybe_init_distributed
+
+    maybe_init_distributed()
+    import jax
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.config import load_config
+    from supo_jax.envs import make_tasks
+    from supo_jax.rl.multihost import make_run_mesh
+    from supo_jax.rl.runs import build_policy
+    from supo_jax.rl.trainer import rollout_batch
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "experiments", "configs", "tiny_test.py"), sets)
+    mesh = make_run_mesh(cfg)
+    policy = build_policy(cfg, run_dir, mesh)
+    fmt = ChatFormat(policy.tokenizer)
+    tasks = make_tasks(cfg.env.name, "train", cfg.rollout.tasks_per_step, seed=cfg.env.seed,
+                       **cfg.env.knobs)
+    ro = rollout_batch(policy, fmt, cfg, tasks, seed=7)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rollouts_{jax.process_index()}.json"), "w") as f:
+        json.dump({"mesh": dict(mesh.shape) if mesh else None,
+                   "processes": jax.process_count(), "devices": jax.device_count(),
+                   "rollouts": [r.to_json() for r in ro]}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
