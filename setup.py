@@ -30,6 +30,8 @@ setup(
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "accelerate>=1.0",
                  "safetensors>=0.4", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+                 # LoRA adapters checked against peft's (tests/test_lora.py)
+                 "peft>=0.17",
                  # compiles for TPU slices ahead of time on CPU (tests/test_tpu_compile.py)
                  "libtpu==0.0.42.1; sys_platform == 'linux'"],
         "tpu": ["jax[tpu]>=0.6"],

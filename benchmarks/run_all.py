@@ -35,6 +35,7 @@ BENCHMARKS = (
     ("horizon", "Horizon scaling: supo at a fixed W vs full", []),
     ("train_step", "Train step: ~100M model, FLOP/s vs the matmul peak, 8 devices vs 1", []),
     ("train_memory", "Train-step memory vs row length (compiled, 8K to 64K tokens)", []),
+    ("lora", "LoRA adapters vs full training: train-step memory and time, decode", []),
 )
 # Run only when named in --only (an accelerator's benchmark: on a CPU it measures nothing of
 # interest); their sections are assembled whenever results/NAME.json exists.

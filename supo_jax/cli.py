@@ -203,7 +203,7 @@ def _cmd_sft(args) -> None:
     import os
 
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.runs import build_policy, check_prompt_fits, check_run_dir
+    from supo_jax.rl.runs import build_policy, check_prompt_fits, check_run_dir, save_policy
     from supo_jax.rl.trainer import warm_start
 
     cfg = _config(args)
@@ -214,10 +214,12 @@ def _cmd_sft(args) -> None:
     check_prompt_fits(cfg, fmt)
     report = warm_start(policy, fmt, cfg)
     out = os.path.join(cfg.train.run_dir, "sft")
-    policy.save_pretrained(out)
+    save_policy(policy, cfg, out, out + "_peft")
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in report.items() if v == v))   # nan: no figure (JSONL demos)
-    print(f"saved {out} (use it with --set train.init_from={out})")
+    print(f"saved {out} (use it with --set train.init_from={out})"
+          + (f"; the adapters alone: {out}_peft (train.init_from={out}_peft continues them)"
+             if policy.model.lora is not None else ""))
 
 
 def _cmd_rollout(args) -> None:

@@ -39,9 +39,18 @@ class ModelSection:
     tiny_mlp: int = 128
     tiny_vocab: int = 1024
     tiny_template: str = "compact"  # tiny tokenizer chat template: compact | qwen
+    lora_rank: int = 0             # LoRA adapters' rank; 0 = off (train every parameter)
+    lora_alpha: float = 16.0       # adapters' scale is lora_alpha / lora_rank
+    lora_targets: str = "q,k,v,o,gate,up,down"   # projections with adapters (comma-separated)
+    lora_base_dtype: str = ""      # the adapted base's storage: "" = dtype | bfloat16 | int8 (QLoRA)
 
     def decoder_options(self) -> dict:
         return {"remat": self.remat, "attention": self.attention, "precision": self.precision}
+
+    def lora(self):
+        """The adapters asked for (supo_jax.model.lora.LoRA), None when lora_rank = 0."""
+        from supo_jax.model.lora import parse
+        return parse(self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_base_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +352,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)
+    try:
+        cfg.model.lora()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     warm = cfg.train.sft_warm_start and not (cfg.train.init_from or cfg.model.path)
     if warm and cfg.sft.demos == "expert":
         from supo_jax.envs.experts import has_expert

@@ -154,9 +154,16 @@ def abstract_policy(mc, m, mesh):
 
     pdt = _dtype(m.dtype)
     cdt = _dtype(m.compute_dtype or None) or pdt
-    abstract = nnx.eval_shape(lambda: Decoder(mc, param_dtype=pdt, dtype=cdt, rngs=nnx.Rngs(0),
-                                              **m.decoder_options()))
-    graphdef, state = nnx.split(abstract)
+    lora = m.lora()
+
+    def build():
+        model = Decoder(mc, param_dtype=pdt, dtype=cdt, rngs=nnx.Rngs(0), **m.decoder_options())
+        if lora is not None:
+            from supo_jax.model.lora import add_adapters
+            add_adapters(model, lora, base_dtype=m.lora_base_dtype)
+        return model
+
+    graphdef, state = nnx.split(nnx.eval_shape(build))
     pure = nnx.to_pure_dict(state)
     pure = jax.tree_util.tree_map_with_path(
         lambda path, x: _sds(x, param_sharding(".".join(str(getattr(k, "key", k)) for k in path),
@@ -171,9 +178,10 @@ def abstract_opt_state(tx, params, mesh):
     import jax
 
     from supo_jax.model.sharding import replicated
+    from supo_jax.rl.train_step import trainable
 
     by_path = {tuple(p): x.sharding for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    shapes = jax.eval_shape(tx.init, params)
+    shapes = jax.eval_shape(tx.init, trainable(params))
 
     def place(path, x):
         for i in range(len(path)):
@@ -248,7 +256,21 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
         jax.ShapeDtypeStruct((), jnp.int32), None),
         dict(steps=steps, attend_len=W, sp=sp, unroll_layers=False))   # TPU: the layer scan
     return out, {"minibatch_rows": rows, "row_len": T, "sampler_rows": B, "cache_len": W,
-                 "decode_steps": steps, "prefill_len": t}
+                 "decode_steps": steps, "prefill_len": t}, _trainable_figures(params, opt_state)
+
+
+def _trainable_figures(params, opt_state) -> dict:
+    """What the optimizer trains and holds state for: every parameter, or the LoRA adapters
+    alone (their count, the bytes of all parameters, and of the optimizer state)."""
+    import jax
+
+    from supo_jax.rl.train_step import split_trainable
+
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    train, frozen = split_trainable(params)
+    return {"trainable_params": sum(x.size for x in jax.tree.leaves(train)),
+            "adapters": frozen is not None, "param_bytes": nbytes(params),
+            "trainable_bytes": nbytes(train), "opt_state_bytes": nbytes(opt_state)}
 
 
 def _figures(compiled, chip: dict) -> dict:
@@ -298,7 +320,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                         or cfg.model.dtype, "attention": cfg.model.attention},
               "programs": {}, "versions": _versions()}
     with platform.compiling_for("tpu", chip["hbm_bytes"]):
-        built, shapes = _programs(cfg, mc, mesh)
+        built, shapes, report["training"] = _programs(cfg, mc, mesh)
         unknown = set(programs or ()) - set(built)
         if unknown:
             raise ValueError(f"unknown program(s) {', '.join(sorted(unknown))}; this config "
@@ -356,6 +378,12 @@ def format_plan(rep: dict) -> str:
              f"{m['kv_heads']}, vocab {m['vocab']}, {m['params'] / 1e6:.1f}M parameters "
              f"({m['dtype']}, compute {m['compute_dtype']}, attention {m['attention']})",
              "shapes: " + ", ".join(f"{k} {v}" for k, v in rep["shapes"].items())]
+    tr = rep.get("training")
+    if tr:
+        lines.append(f"trained: {'LoRA adapters, ' if tr['adapters'] else 'every parameter, '}"
+                     f"{tr['trainable_params'] / 1e6:.2f}M parameters ({_gib(tr['trainable_bytes'])}"
+                     f"); optimizer state {_gib(tr['opt_state_bytes'])}; all parameters "
+                     f"{_gib(tr['param_bytes'])} (whole slice, before sharding)")
     for name, p in rep["programs"].items():
         lines.append("")
         if name == "decode_host_copy":

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.xdist_group("test_benchmarks"), pytest.mark.long]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
-NAMES = ("rollout", "horizon", "train_step", "train_memory")
+NAMES = ("rollout", "horizon", "train_step", "train_memory", "lora")
 
 
 def _stats(d):
@@ -107,6 +107,18 @@ def test_train_memory_fields(results):
         assert [x["tokens"] for x in r[mode]] == [1024, 2048, 4096]
         assert all(x["total_bytes"] > 0 and x["remat"] in ("none", "dots", "full") for x in r[mode])
     assert len(r["growth"]["full"]) == 2 and r["plain"][-1]["total_bytes"] > r["full"][-1]["total_bytes"]
+
+
+def test_lora_fields(results):
+    r = results[1]["lora"]["results"]
+    full, lora, qlora = r["train"]
+    assert [x["mode"] for x in r["train"]] == ["full", "lora", "qlora"]
+    assert full["trained_params"] == full["params"] > 10 * lora["trained_params"] > 0
+    assert lora["opt_state_bytes"] < full["opt_state_bytes"] / 10
+    assert qlora["param_bytes"] < lora["param_bytes"]          # the int8 base
+    for x in r["train"]:
+        _stats(x["step_seconds"])
+    assert r["decode"]["same_tokens"] is True and r["decode"]["ratio_adapters_over_merged"] > 0
 
 
 def test_run_all_assembles_benchmarks_md(results, tmp_path):

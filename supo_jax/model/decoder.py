@@ -33,6 +33,7 @@ from flax import nnx
 from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
 from supo_jax.model.config import ModelConfig
+from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight
 
 REMAT = ("auto", "none", "full", "dots")
 PRECISIONS = ("auto", "default", "high", "highest")
@@ -189,9 +190,19 @@ class Frame:
     impl: str                  # attention implementation (supo_jax.model.attention)
     precision: object          # lax.Precision of every matmul, None = the backend's default
     dtype: object              # compute dtype
+    lora_scale: float = 0.0    # alpha / r of the adapters (supo_jax.model.lora); 0 = none
 
     def mm(self, a, w):
         return jnp.matmul(a, w.astype(self.dtype), precision=self.precision)
+
+    def proj(self, h, lw: dict, name: str):
+        """h @ layer weight `name` (dequantized if stored in int8), plus its adapters' low-rank
+        product (alpha / r) (h @ A) @ B where it has them (supo_jax.model.lora)."""
+        y = jnp.matmul(h, base_weight(lw, name, self.dtype), precision=self.precision)
+        a = lw.get(f"{name}_lora_a")
+        if a is not None and self.lora_scale:
+            y = y + self.mm(self.mm(h, a), lw[f"{name}_lora_b"]) * self.lora_scale
+        return y
 
 
 def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict, i=0):
@@ -199,7 +210,7 @@ def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict, i=0):
     of layer i, with bias and q / k norm where the family has them, rotated (unless layer
     i is one of SmolLM3's layers without position encoding)."""
     b, t = h.shape[:2]
-    q, k, v = f.mm(h, lw["wq"]), f.mm(h, lw["wk"]), f.mm(h, lw["wv"])
+    q, k, v = f.proj(h, lw, "wq"), f.proj(h, lw, "wk"), f.proj(h, lw, "wv")
     if cfg.qkv_bias:
         q, k, v = (a + lw[n].astype(f.dtype) for a, n in ((q, "bq"), (k, "bk"), (v, "bv")))
     q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -241,9 +252,9 @@ def block(cfg: ModelConfig, f: Frame, x, lw: dict, cache: KVCache | None = None,
     """One transformer block on x [B, T, E] with layer weights lw -> (x, cache)."""
     q, k, v = project_qkv(cfg, f, rms_norm(x, lw["ln1"], cfg.rms_norm_eps), lw, i)
     o, cache = attend(f, q, k, v, cache, i)
-    x = x + f.mm(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw["wo"])
+    x = x + f.proj(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw, "wo")
     h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
-    x = x + f.mm(jax.nn.silu(f.mm(h, lw["w_gate"])) * f.mm(h, lw["w_up"]), lw["w_down"])
+    x = x + f.proj(jax.nn.silu(f.proj(h, lw, "w_gate")) * f.proj(h, lw, "w_up"), lw, "w_down")
     return x, cache
 
 
@@ -306,6 +317,7 @@ class Decoder(nnx.Module):
         if precision not in PRECISIONS:
             raise ValueError(f"model.precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         self.remat, self.attention, self.precision = remat, attention, precision
+        self.lora = None           # supo_jax.model.lora.LoRA once adapters are added
         E, V = cfg.hidden_size, cfg.vocab_size
         self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (V, E), param_dtype))
         self.layers = Layers(cfg, param_dtype, rngs)
@@ -314,9 +326,13 @@ class Decoder(nnx.Module):
                         nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (E, V), param_dtype)))
 
     def _stacked(self) -> dict:
-        """Every layer parameter, stacked [L, ...] (None where the family has none)."""
-        return {n: (p[...] if p is not None else None)
-                for n, p in ((n, getattr(self.layers, n)) for n in LAYER_PARAMS)}
+        """Every layer parameter, stacked [L, ...] (None where the family has none), and the
+        adapters and int8 scales where present (supo_jax.model.lora)."""
+        out = {n: (p[...] if p is not None else None)
+               for n, p in ((n, getattr(self.layers, n)) for n in LAYER_PARAMS)}
+        out.update({n: getattr(self.layers, n)[...] for n in EXTRA_LAYER_PARAMS
+                    if getattr(self.layers, n, None) is not None})
+        return out
 
     def layer_weights(self) -> list[dict]:
         """The stacked layer weights cut into one dict of arrays per layer.
@@ -450,7 +466,8 @@ class Decoder(nnx.Module):
             span = attend_len or cache.max_len
             mask = jnp.arange(span)[None, None, :] <= positions[:, :, None]
         return Frame(cos, sin, positions, segment_ids, span, mask, self.attention,
-                     self.matmul_precision(), dt)
+                     self.matmul_precision(), dt,
+                     self.lora.scale if self.lora is not None else 0.0)
 
 
 def _device_bytes() -> int:

@@ -79,14 +79,22 @@ class Policy:
         graphdef, params = self.split()
         return _logits(graphdef, params, ids)
 
-    def save_pretrained(self, out_dir: str) -> None:
-        """Write config.json + model.safetensors (+ tokenizer files) loadable by transformers."""
+    def save_pretrained(self, out_dir: str, *, adapters: bool = True) -> None:
+        """Write config.json + model.safetensors (+ tokenizer files) loadable by transformers.
+        With LoRA adapters (supo_jax.model.lora), the adapters merged into the weights (an
+        int8 base dequantized); adapters=False writes the base alone."""
         os.makedirs(out_dir, exist_ok=True)
         cfg = self.config
         params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
+        if any(k.endswith(("_lora_a", "_lora_b", "_scale")) for k in params["layers"]):
+            from supo_jax.model.lora import merged_layers
+            from supo_jax.model.weights import host_array
+
+            params["layers"] = merged_layers({k: host_array(v) for k, v in params["layers"].items()},
+                                             self.model.lora if adapters else None)
         if jax.process_index() == 0:
             hf = cfg.to_hf_dict()
-            dt = str(jnp.dtype(self.model.embed[...].dtype))
+            dt = str(jnp.dtype(self.model.embed[...].dtype))   # (the adapters' dtype is float32)
             hf["torch_dtype"] = dt
             with open(os.path.join(out_dir, "config.json"), "w") as f:
                 json.dump(hf, f, indent=2)

@@ -92,13 +92,23 @@ def spec_for(logical: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
     return P(*out)
 
 
+def param_axes(path: str) -> tuple:
+    """The logical axes of a Decoder parameter path; a LoRA adapter (supo_jax.model.lora) of
+    weight W [L, in, out] is A [L, in, r] / B [L, r, out], an int8 scale [L, 1, out]."""
+    for suffix, keep in (("_lora_a", (0, 1)), ("_lora_b", (0, 2)), ("_scale", (0, 2))):
+        if path.endswith(suffix) and path[: -len(suffix)] in PARAM_AXES:
+            axes = PARAM_AXES[path[: -len(suffix)]]
+            return tuple(a if i in keep else None for i, a in enumerate(axes))
+    if path not in PARAM_AXES:
+        raise KeyError(f"no partitioning rule for parameter {path!r}")
+    return PARAM_AXES[path]
+
+
 def param_sharding(path: str, shape: Sequence[int], mesh: Mesh | None):
     """NamedSharding for a Decoder parameter path (e.g. 'layers.wq'); None without a mesh."""
     if mesh is None:
         return None
-    if path not in PARAM_AXES:
-        raise KeyError(f"no partitioning rule for parameter {path!r}")
-    return NamedSharding(mesh, spec_for(PARAM_AXES[path], shape, mesh))
+    return NamedSharding(mesh, spec_for(param_axes(path), shape, mesh))
 
 
 def batch_sharding(mesh: Mesh | None, shape: Sequence[int]):

@@ -75,10 +75,14 @@ def read_safetensors_header(fn: str) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def safetensors_source(model_dir: str) -> TensorSource:
-    """Lazy readers for every tensor of an HF model directory."""
+def safetensors_source(model_dir: str, file: str | None = None) -> TensorSource:
+    """Lazy readers for every tensor of an HF model directory (or of its one `file`)."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    if file is not None:
+        if not os.path.isfile(os.path.join(model_dir, file)):
+            raise FileNotFoundError(f"no {file} in {model_dir!r}")
+        files = [file]
+    elif os.path.isfile(index):
         with open(index) as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
     elif os.path.isfile(os.path.join(model_dir, "model.safetensors")):
@@ -175,7 +179,7 @@ def _check_all_used(cfg: ModelConfig, pure: dict, source: TensorSource) -> None:
 
 def host_array(x) -> np.ndarray:
     """The whole value of an array on this host (gathered across processes if it spans them)."""
-    if jax.process_count() > 1 and not x.is_fully_addressable:
+    if jax.process_count() > 1 and isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))

@@ -102,20 +102,85 @@ def env_tokenizer(cfg: Config, out_dir: str | None = None) -> PreTrainedTokenize
                           template=m.tiny_template)
 
 
-def load_configured_policy(path: str, m: ModelSection, *, mesh: Mesh | None = None) -> Policy:
+def load_configured_policy(path: str, m: ModelSection, *, mesh: Mesh | None = None,
+                           seed: int = 0) -> Policy:
     """The checkpoint at `path` loaded as the model section says: parameter and compute
-    dtypes, remat, attention and precision."""
-    return load_policy(path, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
-                       **m.decoder_options())
+    dtypes, remat, attention and precision, and its LoRA adapters (model.lora_*: fresh ones;
+    `path` a PEFT adapter directory: its base, model.path or the adapter's
+    base_model_name_or_path, with the adapter's weights)."""
+    from supo_jax.model.lora import load_peft, peft_lora, read_peft_config
+
+    peft = os.path.isfile(os.path.join(path, "adapter_config.json"))
+    base = path
+    if peft:
+        pc = read_peft_config(path)
+        base = m.path or pc.get("base_model_name_or_path") or ""
+        lora = m.lora()
+        want = peft_lora(pc)
+        if lora is None or (lora.rank, lora.alpha, set(lora.targets)) != (
+                want.rank, want.alpha, set(want.targets)):
+            raise ConfigError(
+                f"{path} is a PEFT adapter of rank {want.rank}, alpha {want.alpha:g} on "
+                f"{','.join(want.targets)}: set model.lora_rank={want.rank} "
+                f"model.lora_alpha={want.alpha:g} model.lora_targets={','.join(want.targets)}")
+        if not base:
+            raise ConfigError(f"{path}: the adapter names no base model; set model.path")
+    policy = load_policy(base, dtype=m.dtype, mesh=mesh, compute_dtype=m.compute_dtype or None,
+                         **m.decoder_options())
+    add_configured_adapters(policy, m, seed=seed)
+    if peft:
+        load_peft(policy.model, path)
+    return policy
+
+
+def add_configured_adapters(policy: Policy, m: ModelSection, seed: int = 0) -> None:
+    """The model section's LoRA adapters (and base storage) on `policy`, if any."""
+    lora = m.lora()
+    if lora is not None:
+        from supo_jax.model.lora import add_adapters
+        add_adapters(policy.model, lora, base_dtype=m.lora_base_dtype, seed=seed,
+                     mesh=policy.mesh)
+
+
+def adapter_base(cfg: Config) -> str | None:
+    """The model a PEFT export of the run's adapters names as its base (base_model_name_or_path):
+    model.path, or train.init_from (a PEFT adapter's own base when it is one); None for the
+    tiny random policy, whose base save_policy writes to run_dir/base."""
+    from supo_jax.model.lora import read_peft_config
+
+    path = cfg.train.init_from or cfg.model.path
+    if not path:
+        return None
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return cfg.model.path or read_peft_config(path).get("base_model_name_or_path")
+    return path
+
+
+def save_policy(policy: Policy, cfg: Config, out: str, peft_out: str | None = None) -> None:
+    """The policy as an HF directory at `out` (adapters merged in) and, when it has LoRA
+    adapters and `peft_out` is given, the adapters alone as a PEFT adapter there.
+    Collective in a multi-process run (every process calls it; process 0 writes)."""
+    policy.save_pretrained(out)
+    if policy.model.lora is None or peft_out is None:
+        return
+    from supo_jax.model.lora import save_peft
+
+    base = adapter_base(cfg)
+    if base is None:
+        base = os.path.join(cfg.train.run_dir, "base")
+        policy.save_pretrained(base, adapters=False)
+    save_peft(policy.model, peft_out, os.path.abspath(base) if os.path.exists(base) else base)
+    barrier("supo_jax:peft:written")
 
 
 def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = None) -> Policy:
     """The configured policy: a checkpoint (model.path / train.init_from) or a tiny random one
-    whose tokenizer is trained on the environment's texts (saved in the run directory)."""
+    whose tokenizer is trained on the environment's texts (saved in the run directory), with
+    the configured LoRA adapters."""
     m = cfg.model
     path = cfg.train.init_from or m.path
     if path:
-        return load_configured_policy(path, m, mesh=mesh)
+        return load_configured_policy(path, m, mesh=mesh, seed=cfg.train.seed)
     from supo_jax.model.policy import load_tokenizer
     from supo_jax.model.tiny import tiny_config
 
@@ -131,8 +196,10 @@ def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = No
     vocab = int(math.ceil(len(tok) / 8) * 8)
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
                      heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
-    return new_policy(mc, dtype=m.dtype, compute_dtype=m.compute_dtype or None, mesh=mesh,
-                      seed=cfg.train.seed, tokenizer=tok, **m.decoder_options())
+    policy = new_policy(mc, dtype=m.dtype, compute_dtype=m.compute_dtype or None, mesh=mesh,
+                        seed=cfg.train.seed, tokenizer=tok, **m.decoder_options())
+    add_configured_adapters(policy, m, seed=cfg.train.seed)
+    return policy
 
 
 def model_signature(policy: Policy) -> dict:

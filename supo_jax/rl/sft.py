@@ -205,14 +205,14 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
     from flax import nnx
 
     from supo_jax.rl.batch import build_batch
-    from supo_jax.rl.train_step import LossConfig, make_optimizer, train_step
+    from supo_jax.rl.train_step import LossConfig, make_optimizer, train_step, trainable
 
     if not segments:
         raise ValueError("no demonstrations to train on")
     graphdef, params = policy.split()
     warmup = max(1, steps // 10)   # one update per step: the schedule counts updates
     tx = make_optimizer(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)))
-    opt_state = tx.init(params)
+    opt_state = tx.init(trainable(params))
     cfg = LossConfig(objective="sft")
     rng = np.random.default_rng(seed)
     history = []

@@ -3,7 +3,9 @@
     train_step(graphdef, params, opt_state, batch) -> params, opt_state, metrics
 
 is a pure function: params are the policy's nnx.Param state (float32 master
-weights; the decoder casts to its compute dtype), optimizer state is optax's,
+weights; the decoder casts to its compute dtype), optimizer state is optax's over the
+trainable part of params (`split_trainable`: every parameter, or with LoRA adapters the
+adapters alone, the base frozen and passed through),
 the batch is split into `micro` microbatches whose gradients are accumulated
 with lax.scan. Parameters keep their mesh shardings (jit propagates them;
 optimizer state is created from the sharded parameters), the batch is sharded
@@ -65,6 +67,26 @@ def _with_learning_rate(opt_state, lr):
     return tuple(put(s) for s in opt_state)
 
 
+def split_trainable(params: nnx.State) -> tuple[nnx.State, nnx.State | None]:
+    """(trainable, frozen): with LoRA adapters (supo_jax.model.lora.LoRAParam) the adapters
+    and the rest of the parameters; else every parameter and None."""
+    from supo_jax.model.lora import LoRAParam
+
+    adapters, base = nnx.split_state(params, LoRAParam, ...)
+    if not jax.tree.leaves(adapters):
+        return params, None
+    return adapters, base
+
+
+def trainable(params: nnx.State) -> nnx.State:
+    """The parameters the optimizer updates (and holds state for): split_trainable's first."""
+    return split_trainable(params)[0]
+
+
+def _join(trainable_, frozen):
+    return trainable_ if frozen is None else nnx.merge_state(trainable_, frozen)
+
+
 def _score(graphdef, params, mb: TrainBatch, cfg: LossConfig, entropy_grad: bool = False):
     """(log p(targets), entropy) [R, T] of the microbatch under `params` (Decoder.score)."""
     return nnx.merge(graphdef, params).score(
@@ -72,7 +94,8 @@ def _score(graphdef, params, mb: TrainBatch, cfg: LossConfig, entropy_grad: bool
         temperature=cfg.temperature, chunk=cfg.logit_chunk, entropy_grad=entropy_grad)
 
 
-def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=None):
+def _loss(graphdef, train, mb: TrainBatch, norm, cfg: LossConfig, ref_params=None, frozen=None):
+    params = _join(train, frozen)
     logp, entropy = _score(graphdef, params, mb, cfg, entropy_grad=bool(cfg.entropy_coef))
     if cfg.objective == "sft":
         mask = mb.mask.astype(jnp.float32)
@@ -80,6 +103,8 @@ def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=No
         return -jnp.sum(logp * mask) / norm, {"entropy": jnp.sum(entropy * mask) / n}
     ref = None
     if cfg.kl_coef:
+        if ref_params is None and frozen is not None:   # LoRA: the base, adapters at zero
+            ref_params = _join(jax.tree.map(jnp.zeros_like, train), frozen)
         ref = jax.lax.stop_gradient(_score(graphdef, ref_params, mb, cfg)[0])
     return policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, eps_low=cfg.eps_low,
                        eps_high=cfg.eps_high, aggregation=cfg.aggregation, ref_logp=ref,
@@ -89,13 +114,16 @@ def _loss(graphdef, params, mb: TrainBatch, norm, cfg: LossConfig, ref_params=No
 
 def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: int = 1,
                    ref_params=None):
-    """Loss and gradient of the batch, accumulated over `micro` microbatches."""
+    """Loss and gradient of the batch with respect to the trainable parameters
+    (split_trainable), accumulated over `micro` microbatches. With LoRA adapters and the KL
+    penalty on, ref_params None means the base (the adapters' product off)."""
+    params, frozen = split_trainable(params)
     norm = aggregation_norm(batch.mask, cfg.aggregation)
     mbs = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch)
     grad_fn = jax.value_and_grad(partial(_loss, graphdef), has_aux=True)
 
     def body(acc, mb):
-        (loss, metrics), g = grad_fn(params, mb, norm, cfg, ref_params)
+        (loss, metrics), g = grad_fn(params, mb, norm, cfg, ref_params, frozen)
         n = jnp.sum(mb.mask)
         metrics = {k: v * n for k, v in metrics.items()}  # re-weighted to batch token means
         acc = jax.tree.map(jnp.add, acc, (loss, metrics, g))
@@ -103,7 +131,7 @@ def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: 
 
     zeros_g = jax.tree.map(jnp.zeros_like, params)
     _, m0 = jax.eval_shape(lambda: _loss(graphdef, params, jax.tree.map(lambda x: x[0], mbs),
-                                         norm, cfg, ref_params))
+                                         norm, cfg, ref_params, frozen))
     init = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in m0}, zeros_g)
     (loss, metrics, grads), _ = jax.lax.scan(body, init, mbs)
     tokens = jnp.maximum(jnp.sum(batch.mask), 1.0)
@@ -121,15 +149,17 @@ def recompute_logprobs(graphdef, params, batch: TrainBatch, cfg: LossConfig = Lo
 @partial(jax.jit, static_argnames=("graphdef", "tx", "cfg", "micro"), donate_argnums=(1, 2))
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossConfig,
                micro: int = 1, ref_params=None, lr=None, max_kl=None):
-    """One optimizer update on `batch`. max_kl (None: off): when the batch's approx_kl (the
+    """One optimizer update on `batch` (opt_state: over trainable(params); the frozen base of
+    LoRA adapters comes back as it went in). max_kl (None: off): when the batch's approx_kl (the
     policy's distance from the one that sampled the batch, measured in this step's forward
     pass) exceeds it, the update is not applied (params and optimizer state come back
     unchanged, metrics["skipped"] = 1)."""
     if lr is not None:
         opt_state = _with_learning_rate(opt_state, lr)
     loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
-    updates, new_opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    train, frozen = split_trainable(params)
+    updates, new_opt_state = tx.update(grads, opt_state, train)
+    new_params = _join(optax.apply_updates(train, updates), frozen)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
                    tokens=jnp.sum(batch.mask))
     if max_kl is None or cfg.objective != "ppo":

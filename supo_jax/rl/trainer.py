@@ -48,8 +48,8 @@ from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_sc
 from supo_jax.rl.multihost import ProcessPeers, barrier, is_main, make_run_mesh, place_batch
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               load_configured_policy, model_fingerprint, row_len,
-                              sampler_rows)
-from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs,
+                              sampler_rows, save_policy)
+from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs, trainable,
                                     train_step)
 from supo_jax.sampling.sampler import SamplingParams
 from supo_jax.utils import json_safe
@@ -304,7 +304,8 @@ def open_run(cfg: Config) -> Run:
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
         # (experiments/reeval.py), roll out or train from (train.init_from)
-        policy.save_pretrained(os.path.join(run_dir, "sft"))   # collective; process 0 writes
+        save_policy(policy, cfg, os.path.join(run_dir, "sft"),   # collective; process 0 writes
+                    os.path.join(run_dir, "sft_peft"))
         barrier("supo_jax:sft:written")
         run.graphdef, run.params = policy.split()
         run.opt_state = init_opt_state(tx, run.params, mesh)
@@ -320,6 +321,8 @@ def reference_params(run: Run) -> nnx.State:
     """The KL penalty's reference: the run's starting policy (after the warm start or as
     loaded). A new run saves it to run_dir/reference (safetensors), a resumed run loads it
     from there, so the reference of steps after a resume is the one before it."""
+    if run.policy.model.lora is not None:
+        return None      # with LoRA adapters the reference is the base (train_step: adapters off)
     path = os.path.join(run.cfg.train.run_dir, "reference")
     if run.start == 0:
         run.policy.save_pretrained(path)     # collective gathers; process 0 writes
@@ -449,7 +452,7 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
             json.dump(json_safe({"eval": final, "eval_scaling": scaling, **run.report}), f,
                       indent=2, default=str, allow_nan=False)
     export = os.path.join(t.run_dir, "hf")
-    run.policy.save_pretrained(export)   # collective gathers; process 0 writes
+    save_policy(run.policy, cfg, export, os.path.join(t.run_dir, "peft"))   # collective
     result["export"] = export
     return result
 
@@ -510,7 +513,7 @@ def init_opt_state(tx: optax.GradientTransformation, params: nnx.State,
                    mesh: Mesh | None) -> optax.OptState:
     """Optimizer state with every leaf placed: moments follow their parameters' shardings,
     scalars (step counts) are replicated over the mesh (restores then match exactly)."""
-    opt_state = tx.init(params)
+    opt_state = tx.init(trainable(params))
     if mesh is None:
         return opt_state
     from jax.sharding import NamedSharding

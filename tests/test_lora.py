@@ -1,0 +1,216 @@
+"""LoRA adapters (supo_jax.model.lora): logits against peft's on the transformers base, the
+merged export against transformers, training touches the adapters alone, an int8 base
+(QLoRA), exact resume, and PEFT adapters in and out of runs."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import supo_jax
+from supo_jax.config import ConfigError, load_config
+from supo_jax.model.lora import TARGETS, LoRA, LoRAParam, add_adapters, load_peft, save_peft
+from tests.helpers import flat_params, hf_logits, make_hf_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
+ALL = tuple(TARGETS)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("lora_base"))
+    make_hf_model("qwen2_bias_gqa", path)
+    return path
+
+
+def _randomize(model, seed=0):
+    """Non-zero adapters (B is zero at initialisation: the product would vanish)."""
+    rng = np.random.RandomState(seed)
+    for name in TARGETS.values():
+        for suffix in ("lora_a", "lora_b"):
+            var = getattr(model.layers, f"{name}_{suffix}", None)
+            if var is not None:
+                var[...] = jnp.asarray(rng.normal(0, 0.2, var.shape), jnp.float32)
+
+
+def _ids(policy, seed=0):
+    return np.random.RandomState(seed).randint(0, policy.config.vocab_size, (2, 17))
+
+
+def test_adapters_start_as_the_base_and_export_to_peft_with_logit_parity(base, tmp_path):
+    """Zero B: the adapted policy's logits are the base's. With random adapters: peft's
+    PeftModel on the transformers base, transformers on the merged export (run_dir/hf's form)
+    and this policy agree within 1e-4 (float32); the PEFT directory reads back exactly."""
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    policy = supo_jax.load_policy(base)
+    ids = _ids(policy)
+    plain = np.asarray(policy.logits(ids))
+    add_adapters(policy.model, LoRA(4, 8.0, ALL), seed=3)
+    np.testing.assert_array_equal(np.asarray(policy.logits(ids)), plain)
+    _randomize(policy.model)
+    ours = np.asarray(policy.logits(ids))
+    assert np.abs(ours - plain).max() > 1e-2            # the adapters do change the logits
+
+    peft_dir, merged = str(tmp_path / "peft"), str(tmp_path / "hf")
+    save_peft(policy.model, peft_dir, base)
+    policy.save_pretrained(merged)
+    cfg = json.load(open(os.path.join(peft_dir, "adapter_config.json")))
+    assert cfg["base_model_name_or_path"] == base and cfg["r"] == 4
+    assert sorted(cfg["target_modules"]) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    with_peft = PeftModel.from_pretrained(hf_base, peft_dir).eval()
+    np.testing.assert_allclose(hf_logits(with_peft, ids), ours, atol=1e-4, rtol=0)
+    hf_merged = transformers.AutoModelForCausalLM.from_pretrained(merged,
+                                                                  torch_dtype=torch.float32)
+    np.testing.assert_allclose(hf_logits(hf_merged.eval(), ids), ours, atol=1e-4, rtol=0)
+
+    back = supo_jax.load_policy(base)
+    add_adapters(back.model, LoRA(4, 8.0, ALL), seed=9)
+    load_peft(back.model, peft_dir)
+    np.testing.assert_array_equal(np.asarray(back.logits(ids)), ours)
+
+
+def test_subset_of_targets_and_peft_errors(base, tmp_path):
+    policy = supo_jax.load_policy(base)
+    add_adapters(policy.model, LoRA(2, 4.0, ("q", "v")))
+    names = set(nnx.to_pure_dict(nnx.state(policy.model, LoRAParam))["layers"])
+    assert names == {"wq_lora_a", "wq_lora_b", "wv_lora_a", "wv_lora_b"}
+    save_peft(policy.model, str(tmp_path / "p"), base)
+    other = supo_jax.load_policy(base)
+    add_adapters(other.model, LoRA(4, 4.0, ("q", "v")))
+    with pytest.raises(ValueError, match="adapter of rank 2 on q,v; the model has 4"):
+        load_peft(other.model, str(tmp_path / "p"))
+
+
+def _step(policy, *, kl=0.0):
+    """One train step on a random batch; (params before, params after, metrics)."""
+    from supo_jax.rl.batch import TrainBatch
+    from supo_jax.rl.configs import LossConfig
+    from supo_jax.rl.train_step import make_optimizer, train_step, trainable
+
+    rng = np.random.RandomState(0)
+    r, t = 4, 16
+    toks = rng.randint(0, policy.config.vocab_size, (r, t)).astype(np.int32)
+    batch = TrainBatch(inputs=toks, targets=np.roll(toks, -1, 1),
+                       positions=np.tile(np.arange(t, dtype=np.int32), (r, 1)),
+                       segment_ids=np.ones((r, t), np.int32), mask=np.ones((r, t), np.float32),
+                       old_logp=np.full((r, t), -5.0, np.float32),
+                       advantages=np.asarray(rng.normal(size=(r, 1)) * np.ones((1, t)), np.float32))
+    tx = make_optimizer(1e-2)
+    graphdef, params = policy.split()
+    before = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
+    opt_state = tx.init(trainable(params))
+    params, opt_state, m = train_step(graphdef, params, opt_state, jax.tree.map(jnp.asarray, batch),
+                                      tx=tx, cfg=LossConfig(kl_coef=kl))
+    return before, jax.tree.map(np.asarray, nnx.to_pure_dict(params)), opt_state, m
+
+
+def test_only_the_adapters_train_and_carry_optimizer_state(base):
+    """The optimizer's moments are the adapters' shapes, nothing else; an update changes
+    every adapter B (A's gradient is zero while B is) and leaves the base bitwise as it was;
+    the KL reference is the base (zero while B starts at zero)."""
+    policy = supo_jax.load_policy(base)
+    add_adapters(policy.model, LoRA(4, 8.0, ALL))
+    before, after, opt_state, m = _step(policy, kl=0.1)
+    adapters = {k for k in flat_params(before) if "_lora_" in k}
+    moments = [x.shape for x in jax.tree.leaves(opt_state) if getattr(x, "ndim", 0) > 1]
+    assert sorted(moments) == sorted(2 * [flat_params(before)[k].shape for k in adapters])
+    b, a = flat_params(before), flat_params(after)
+    for k in b:
+        if "_lora_b" in k:
+            assert not np.array_equal(a[k], b[k]), k
+        elif "_lora_" not in k:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert float(m["kl_ref"]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_int8_base_qlora_trains_a_step(base):
+    """model.lora_base_dtype=int8: every target's base is int8 with a scale per output
+    channel, within half a step of the float weight; the forward dequantizes it (logits
+    equal a float policy holding the dequantized weights); a train step updates the
+    adapters only."""
+    policy = supo_jax.load_policy(base)
+    ref = supo_jax.load_policy(base)
+    ids = _ids(policy)
+    add_adapters(policy.model, LoRA(4, 8.0, ALL), base_dtype="int8")
+    for name in TARGETS.values():
+        q = np.asarray(getattr(policy.model.layers, name)[...])
+        scale = np.asarray(getattr(policy.model.layers, f"{name}_scale")[...])
+        assert q.dtype == np.int8 and scale.shape == (q.shape[0], 1, q.shape[2])
+        w = np.asarray(getattr(ref.model.layers, name)[...])
+        deq = q.astype(np.float32) * scale
+        assert np.all(np.abs(deq - w) <= scale / 2 + 1e-6)
+        getattr(ref.model.layers, name)[...] = jnp.asarray(deq)
+    np.testing.assert_allclose(np.asarray(policy.logits(ids)), np.asarray(ref.logits(ids)),
+                               atol=1e-5)
+    before, after, _, m = _step(policy)
+    assert np.isfinite(float(m["loss"]))
+    b, a = flat_params(before), flat_params(after)
+    assert any(not np.array_equal(a[k], b[k]) for k in b if "_lora_b" in k)
+    assert all(np.array_equal(a[k], b[k]) for k in b if "_lora_" not in k)
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["model.lora_rank=4", "model.lora_targets=q,x"], "'x' is not one of q, k, v"),
+    (["model.lora_base_dtype=int8"], "needs adapters: set model.lora_rank"),
+    (["model.lora_rank=4", "model.lora_base_dtype=nf8"], "lora_base_dtype='nf8'"),
+    (["model.lora_rank=-1"], "lora_rank must be >= 0"),
+])
+def test_bad_lora_settings_are_config_errors(sets, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(TINY, sets)
+
+
+# unmasked rows with an entropy bonus: every step trains (as tests/test_multihost.py)
+TRAIN = ["train.sft_warm_start=false", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05",
+         "context.max_steps=8", "env.eval_tasks=1", "train.eval_before=false",
+         "model.lora_rank=4", "model.lora_alpha=8"]
+
+
+def _train(run_dir, *sets):
+    from supo_jax import cli
+    args = ["train", "--config", TINY, "--set", f"train.run_dir={run_dir}"]
+    for s in TRAIN + list(sets):
+        args += ["--set", s]
+    assert cli.main(args) in (0, None)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+@pytest.mark.slow
+def test_lora_run_resumes_exactly_and_continues_from_its_peft_adapter(tmp_path):
+    """A LoRA run of 2 steps equals one of 1 step resumed to 2 (metrics and adapters); its
+    run_dir/peft adapter (on run_dir/base) restarts training with the same logits."""
+    whole = _train(str(tmp_path / "a"), "train.steps=2")
+    _train(str(tmp_path / "b"), "train.steps=1")
+    resumed = _train(str(tmp_path / "b"), "train.steps=2")
+    # the train steps' rows and the final eval (the 1-step run also wrote an eval at step 1)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")}
+                          for r in rows if "loss" in r] + [rows[-1]]
+    assert strip(resumed) == strip(whole)
+    assert [r["step"] for r in whole if "loss" in r] == [1, 2]
+    assert all(r["updates"] > 0 for r in whole if "loss" in r)
+    a = open(tmp_path / "a" / "peft" / "adapter_model.safetensors", "rb").read()
+    assert a == open(tmp_path / "b" / "peft" / "adapter_model.safetensors", "rb").read()
+
+    from supo_jax.config import load_config as lc
+    from supo_jax.rl.runs import build_policy
+
+    peft = str(tmp_path / "a" / "peft")
+    cfg = lc(TINY, TRAIN + [f"train.init_from={peft}"])
+    cont = build_policy(cfg)
+    merged = supo_jax.load_policy(str(tmp_path / "a" / "hf"))
+    ids = _ids(merged)
+    np.testing.assert_allclose(np.asarray(cont.logits(ids)), np.asarray(merged.logits(ids)),
+                               atol=1e-5)
+    with pytest.raises(ConfigError, match="set model.lora_rank=4 model.lora_alpha=8"):
+        build_policy(lc(TINY, TRAIN[:-2] + ["model.lora_rank=2", f"train.init_from={peft}"]))
