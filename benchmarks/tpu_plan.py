@@ -9,7 +9,8 @@ the sampler rows' decode tokens over the decode chunk's). Slower than the other 
 each 32B-36B program compiles for minutes on 2 CPU cores.
 
     python benchmarks/tpu_plan.py                      # every setup; writes results/tpu_plan.json
-    python benchmarks/tpu_plan.py --only 7b,8b         # some of them
+    python benchmarks/tpu_plan.py --only 7b,8b         # some of them (the others' rows are kept;
+                                                       # each row records the commit it was made at)
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ SETUPS = {
                  "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
     "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
                    "paper_search_supo.py", "seed-oss-36b-instruct", [],
-                   {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-128",
-                                                         "v5litepod-256"],
-                    "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
+                   {"v5p": ["v5p-32", "v5p-64", "v5p-128", "v5p-256"],
+                    "v5e": ["v5litepod-128", "v5litepod-256"],
+                    "v6e": ["v6e-128", "v6e-256"]}),
     "7b": ("Qwen2.5-7B-Instruct, W = 4096, 16 rows a step", "paper_fncall_supo.py",
            "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
     "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
@@ -42,14 +43,20 @@ SETUPS = {
 }
 
 
-def micro_for(cfg, chips: int) -> int:
-    """The config's optim.micro, lowered until a micro-batch's rows split over the chips (the
-    mesh's data x fsdp): splash attention runs per batch shard, so a micro-batch has at least
-    one row a chip."""
+def fit_batch(cfg, chips: int) -> list[str]:
+    """Overrides that let a minibatch's rows split over the chips: the config's optim.micro,
+    lowered until a micro-batch holds a multiple of the mesh's data x fsdp rows (splash
+    attention runs per batch shard); where the minibatch has fewer rows than chips, the
+    rest of the chips go to mesh.tensor."""
     rows, micro = cfg.optim.minibatch_rows, cfg.optim.micro
-    while micro > 1 and (rows % micro or (rows // micro) % chips):
+    tensor = 1
+    while rows % (chips // tensor) and chips % (2 * tensor) == 0 and chips // tensor > rows:
+        tensor *= 2
+    batch_axes = chips // tensor
+    while micro > 1 and (rows % micro or (rows // micro) % batch_axes):
         micro -= 1
-    return micro
+    return ([f"optim.micro={micro}"] if micro != cfg.optim.micro else []) + (
+        [f"mesh.tensor={tensor}"] if tensor > 1 else [])
 
 
 def plan_setup(name: str, smoke: bool = False) -> list[dict]:
@@ -61,8 +68,7 @@ def plan_setup(name: str, smoke: bool = False) -> list[dict]:
     for gen, tries in slices.items():
         for topology in tries[:1] if smoke else tries:
             cfg = load_config(os.path.join(CONFIGS, config), sets)
-            micro = micro_for(cfg, len(tpu_devices(topology)))
-            topo_sets = sets + ([f"optim.micro={micro}"] if micro != cfg.optim.micro else [])
+            topo_sets = sets + fit_batch(cfg, len(tpu_devices(topology)))
             cfg = load_config(os.path.join(CONFIGS, config), topo_sets)
             rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
                        host_copy=name == "codegym")
@@ -91,17 +97,31 @@ def _rates(rep: dict) -> dict:
 
 
 def main(argv=None):
+    from supo_jax.utils import provenance
+
     p = common.parser(__doc__)
-    p.add_argument("--only", default=",".join(SETUPS), help="setups, comma-separated")
+    p.add_argument("--only", default=",".join(SETUPS), help="setups, comma-separated; the "
+                   "other setups' rows of an existing NAME.json are kept")
     args = p.parse_args(argv)
     run = common.Run("tpu_plan", args, argv)
+    only = args.only.split(",")
+    unknown = [n for n in only if n not in SETUPS]
+    if unknown:
+        p.error(f"unknown setup {unknown[0]!r}; one of {', '.join(SETUPS)}")
+    kept, fn = [], os.path.join(args.out_dir, "tpu_plan.json")
+    if os.path.exists(fn) and not args.smoke:
+        with open(fn) as f:
+            kept = [r for r in json.load(f)["results"]["rows"] if r["setup"] not in only]
     rows = []
-    for name in args.only.split(","):
-        rows += plan_setup(name, smoke=args.smoke)
+    for name in only:
+        made = provenance()
+        rows += [dict(r, made=made) for r in plan_setup(name, smoke=args.smoke)]
         partial = os.path.join(args.out_dir, "tpu_plan.partial.json")
         os.makedirs(args.out_dir, exist_ok=True)
         with open(partial, "w") as f:     # what stands if a long compile is stopped
             json.dump(rows, f, indent=1)
+    order = list(SETUPS)
+    rows = sorted(kept + rows, key=lambda r: order.index(r["setup"]))
     run.write({"rows": rows, "targets": []})
 
 

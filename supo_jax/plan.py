@@ -13,7 +13,9 @@ precision, remat by the chip's memory, the sampler's layer scan):
                the policy's parameters and the trainer's optimizer state sharded by
                supo_jax.model.sharding's rules over the mesh (mesh.data x mesh.fsdp x
                mesh.tensor; fsdp -1 spans the chips), the batch over (data, fsdp)
-  prefill      supo_jax.sampling.sampler.prefill: a W-token prefill of every sampler row
+  prefill      supo_jax.sampling.sampler.prefill: the longest prefill call, min(W, 4096) tokens
+               (Sampler.append runs longer appends as calls of PREFILL_CHUNK tokens) for every
+               sampler row
                (supo_jax.rl.runs.sampler_rows: min(rollout.rows, tasks_per_step x group_size)
                rounded up to the mesh's batch axes) into a cache of W slots, on the training
                mesh (every process samples with the parameters as training shards them)
@@ -54,6 +56,9 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
     "v5p-8": ("v5p:2x2x1", "megacore", (2, 2, 1)),
     "v5p-16": ("v5p:2x2x2", "megacore", (2, 2, 1)),
     "v5p-32": ("v5p:2x2x4", "megacore", (2, 2, 1)),
+    "v5p-64": ("v5p:2x4x4", "megacore", (2, 2, 1)),
+    "v5p-128": ("v5p:4x4x4", "megacore", (2, 2, 1)),
+    "v5p-256": ("v5p:4x4x8", "megacore", (2, 2, 1)),
     "v6e-1": ("v6e:1x1", "default", (1, 1, 1)),
     "v6e-4": ("v6e:2x2", "default", (2, 2, 1)),
     "v6e-8": ("v6e:2x4", "default", (2, 4, 1)),
@@ -203,7 +208,7 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
     from supo_jax.rl.batch import TrainBatch
     from supo_jax.rl.runs import sampler_rows
     from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
-    from supo_jax.sampling.sampler import SamplingParams, bucket, decode, prefill
+    from supo_jax.sampling.sampler import PREFILL_CHUNK, SamplingParams, bucket, decode, prefill
     from jax.sharding import NamedSharding
 
     o, r, ctx = cfg.optim, cfg.rollout, cfg.context
@@ -234,7 +239,7 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
         out["recompute_logprobs"] = (recompute_logprobs, (graphdef, params, batch, loss_cfg), {})
 
     # the sampler (trainer.rollout_batch's rows; Sampler's cache of W slots in the compute
-    # dtype, sharded as Sampler shards it); a W-token prefill, one decode chunk over W slots
+    # dtype, sharded as Sampler shards it); the longest prefill call, one decode chunk over W slots
     B = sampler_rows_ or sampler_rows(cfg, r.tasks_per_step * r.group_size, mesh)
     cache_shape = (mc.num_layers, B, mc.num_kv_heads, W, mc.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
@@ -244,7 +249,7 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
                     jax.ShapeDtypeStruct(cache_shape, cdt, sharding=kv_sh),
                     jax.ShapeDtypeStruct((B,), jnp.int32, sharding=len_sh))
     vec = lambda dt: jax.ShapeDtypeStruct((B,), dt)
-    t = bucket(W, 16, W)                                  # Sampler.append's longest bucket
+    t = bucket(min(W, PREFILL_CHUNK), 16, W)    # Sampler.append's longest call (chunked)
     out["prefill"] = (prefill, (graphdef, params, cache, jax.ShapeDtypeStruct((B, t), jnp.int32),
                                 vec(jnp.int32)), dict(attend_len=W))
     steps = bucket(max(ctx.max_action_tokens, ctx.max_summary_tokens), 8)

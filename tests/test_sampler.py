@@ -43,6 +43,27 @@ def test_incremental_prefill_equals_full_prefill(policy):
     assert s.lengths[0] == len(ctx) + 6 and int(s.cache.lengths[0]) == len(ctx) + 6
 
 
+def test_long_appends_prefill_in_chunks(policy):
+    """An append longer than prefill_chunk runs as several prefill calls (rows of other
+    lengths idle in the later ones): the cache and last logits equal one call's."""
+    rs = np.random.RandomState(3)
+    toks = {0: _ids(rs, 50), 1: _ids(rs, 20), 2: _ids(rs, 33)}
+    one, chunked = Sampler(policy, 3, 128), Sampler(policy, 3, 128, prefill_chunk=16)
+    one.append(toks)
+    chunked.append(toks)
+    assert [k[2] for k in chunked.shapes_compiled if k[0] == "prefill"] == [16]
+    np.testing.assert_array_equal(chunked.lengths, [50, 20, 33])
+    np.testing.assert_allclose(np.asarray(chunked.last_logits), np.asarray(one.last_logits),
+                               atol=1e-4)
+    # (this fixture's weights are scaled x12: keys reach ~40, float32 rounding differs by
+    # the attention's span)
+    np.testing.assert_allclose(np.asarray(chunked.cache.k), np.asarray(one.cache.k), rtol=1e-3,
+                               atol=1e-3)
+    a = one.generate([0, 1, 2], 5, set(), GREEDY, jax.random.key(0))
+    b = chunked.generate([0, 1, 2], 5, set(), GREEDY, jax.random.key(0))
+    assert [a[r].tokens for r in range(3)] == [b[r].tokens for r in range(3)]
+
+
 @pytest.mark.slow
 def test_reset_and_copy_prefix_reuse_cached_prompt(policy):
     rs = np.random.RandomState(1)

@@ -213,6 +213,11 @@ def span_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
     return min(b, maximum) if maximum is not None else b
 
 
+# the most tokens a row prefills in one call: longer appends (a 64K-token context) run as
+# several calls, so that a prefill's temporaries grow with this, not with the context
+PREFILL_CHUNK = 4096
+
+
 @dataclasses.dataclass
 class Generation:
     tokens: list[int]
@@ -231,13 +236,15 @@ class Sampler:
 
     def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
                  min_prefill: int = 16, min_attend: int = 128, unroll_layers: bool | None = None,
-                 decode_chunk: int = 64):
+                 decode_chunk: int = 64, prefill_chunk: int = PREFILL_CHUNK):
         if max_len <= 0 or batch <= 0:
             raise ValueError("batch and max_len must be positive")
         if decode_chunk and (decode_chunk < 8 or decode_chunk & (decode_chunk - 1)):
             raise ValueError(f"decode_chunk must be 0 (off) or a power of two >= 8, "
                              f"got {decode_chunk}")
-        self.decode_chunk = decode_chunk
+        if prefill_chunk < 16 or prefill_chunk & (prefill_chunk - 1):
+            raise ValueError(f"prefill_chunk must be a power of two >= 16, got {prefill_chunk}")
+        self.decode_chunk, self.prefill_chunk = decode_chunk, prefill_chunk
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
@@ -329,6 +336,13 @@ class Sampler:
             if self.lengths[r] + len(toks) > self.max_len:
                 raise ValueError(f"row {r}: {self.lengths[r]} cached + {len(toks)} new tokens "
                                  f"exceed the cache length {self.max_len}")
+        longest = max(len(t) for t in new_tokens.values())
+        for start in range(0, longest, self.prefill_chunk):
+            self._prefill({r: t[start:start + self.prefill_chunk]
+                           for r, t in new_tokens.items() if len(t) > start})
+
+    def _prefill(self, new_tokens: dict[int, list]) -> None:
+        """One prefill call: each row's tokens (at most prefill_chunk) at its end."""
         longest = max(len(t) for t in new_tokens.values())
         t = bucket(longest, self.min_prefill, self.max_len)
         arr = np.zeros((self.batch, t), np.int32)
