@@ -318,8 +318,9 @@ def _over_batch_shards(fn, *args, kernel: bool = True):
     from jax.sharding import PartitionSpec as P
 
     mesh = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(mesh, "manual_axes", ()))     # inside a shard_map already
     axes = () if mesh.empty else tuple(a for a in ("data", "fsdp") if a in mesh.axis_names
-                                       and mesh.shape[a] > 1)
+                                       and mesh.shape[a] > 1 and a not in manual)
     n = math.prod(mesh.shape[a] for a in axes) if axes else 1
     if n > 1 and args[0].shape[0] % n and kernel:
         raise ValueError(
