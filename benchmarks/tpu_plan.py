@@ -40,6 +40,11 @@ SETUPS = {
            "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
     "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
            ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
+    "7b-lora": ("Qwen2.5-7B-Instruct, LoRA r = 16 on a bfloat16 base, W = 4096, 16 rows a step",
+                "paper_fncall_supo.py", "qwen2.5-7b-instruct",
+                ONE_CHIP_ROWS + ["model.lora_rank=16", "model.lora_alpha=32",
+                                 "model.lora_base_dtype=bfloat16"],
+                {"v5e": ["v5litepod-4", "v5litepod-8"], "v6e": ["v6e-4", "v6e-8"]}),
 }
 
 
@@ -132,28 +137,39 @@ def markdown(res: dict) -> str:
            "times are rooflines (max of FLOPs / peak bf16 FLOP/s and bytes accessed / HBM "
            "bandwidth), not measurements. Tokens a second a chip: training, one minibatch's "
            "tokens over the train step's time; rollouts, the sampler rows' decode tokens over "
-           "the decode chunk's time.", "",
+           "the decode chunk's time. Prefill: the longest prefill call (4096 tokens a row). "
+           "Per-host copy: the decode of one host's share of the rows on that host's chips "
+           "alone, as a per-process copy of the policy would need it (sampling runs on the "
+           "training mesh instead). Each setup is tried on a generation's slices smallest "
+           "first, until one fits; overrides are the settings changed to fit a slice.", "",
            "| setup | slice | chips | fits | train step GiB / chip | prefill GiB / chip | "
-           "decode GiB / chip | train step TFLOP / chip | train step ms | train tok/s/chip | "
-           "rollout tok/s/chip |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "decode GiB / chip | decode, per-host copy GiB / chip | trained (params; optimizer "
+           "state, whole slice) | train step TFLOP / chip | train step ms | train tok/s/chip | "
+           "rollout tok/s/chip | overrides |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["results"]["rows"]:
         p = r["programs"]
 
         def gib(name):
             x = p.get(name, {})
-            return "fails: " + x["error"][:40] if "error" in x else (
-                f"{x['bytes_per_chip']['total'] / 2**30:.2f}" if x else "-")
+            if "error" in x:
+                e = x["error"]
+                short = (e.split("(")[1].split(")")[0] if "HLO temporaries (" in e else e[:40])
+                return f"no: temporaries {short}" if "HLO temporaries (" in e else "no: " + short
+            return f"{x['bytes_per_chip']['total'] / 2**30:.2f}" if x else "-"
         ts = p.get("train_step", {})
         rates = r["tokens_per_second_per_chip"]
-        out.append(f"| {r['what']} | {r['topology']} | {r['chips']} | "
-                   f"{'yes' if r['fits'] else '**no**'} | {gib('train_step')} | {gib('prefill')} | "
-                   f"{gib('decode')} | "
-                   f"{ts['flops_per_chip'] / 1e12:.1f} | {ts['estimated_seconds'] * 1e3:.0f} | "
-                   if "flops_per_chip" in ts else
-                   f"| {r['what']} | {r['topology']} | {r['chips']} | **no** | {gib('train_step')} | "
-                   f"{gib('prefill')} | {gib('decode')} | - | - | ")
-        out[-1] += (f"{rates['train']:.0f} | " if "train" in rates else "- | ") + (
-            f"{rates['rollout']:.0f} |" if "rollout" in rates else "- |")
+        tr = r.get("training")
+        trained = (f"{'LoRA ' if tr['adapters'] else 'all '}{tr['trainable_params'] / 1e6:,.0f}M; "
+                   f"{tr['opt_state_bytes'] / 2**30:.1f} GiB" if tr else "-")
+        cells = [r["what"], r["topology"], str(r["chips"]), "yes" if r["fits"] else "**no**",
+                 gib("train_step"), gib("prefill"), gib("decode"), gib("decode_host_copy"), trained,
+                 f"{ts['flops_per_chip'] / 1e12:.1f}" if "flops_per_chip" in ts else "-",
+                 f"{ts['estimated_seconds'] * 1e3:.0f}" if "flops_per_chip" in ts else "-",
+                 f"{rates['train']:.0f}" if "train" in rates and r["fits"] else "-",
+                 f"{rates['rollout']:.0f}" if "rollout" in rates and r["fits"] else "-",
+                 " ".join(o for o in r.get("overrides", [])
+                          if o not in SETUPS.get(r["setup"], ("",) * 4)[3]) or "-"]
+        out.append("| " + " | ".join(cells) + " |")
     if res.get("note"):
         out += ["", f"Note: {res['note']}."]
     return "\n".join(out) + "\n"

@@ -77,6 +77,7 @@ def test_adapters_start_as_the_base_and_export_to_peft_with_logit_parity(base, t
     add_adapters(back.model, LoRA(4, 8.0, ALL), seed=9)
     load_peft(back.model, peft_dir)
     np.testing.assert_array_equal(np.asarray(back.logits(ids)), ours)
+    np.testing.assert_array_equal(np.asarray(supo_jax.load_policy(peft_dir).logits(ids)), ours)
 
 
 def test_subset_of_targets_and_peft_errors(base, tmp_path):

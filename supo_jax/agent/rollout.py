@@ -314,9 +314,10 @@ class _Driver:
     def probe(self, r: _Row, gens: dict):
         """Whether a summary carries the state needed to continue (env.probe: a metric)."""
         try:
-            return r.env.probe(self.fmt.action_text(gens[r.slot].tokens))
+            v = r.env.probe(self.fmt.action_text(gens[r.slot].tokens))
         except Exception:  # noqa: BLE001
             return None
+        return None if v is None else bool(v)      # plain: it may cross processes as JSON
 
     def env_result(self, fut) -> list:
         """An action's environment outcome as plain values: ["ok", observation (cut to

@@ -208,8 +208,9 @@ def resolve_model_path(path: str) -> str:
 
 def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
                 tokenizer=True, **options) -> Policy:
-    """Load an HF model directory (safetensors, single or sharded), a .gguf file, or a Hugging
-    Face Hub id (resolve_model_path).
+    """Load an HF model directory (safetensors, single or sharded), a .gguf file, a Hugging
+    Face Hub id (resolve_model_path), or a PEFT LoRA adapter directory (its base, named by
+    its adapter_config.json, with the adapters: supo_jax.model.lora).
 
     dtype: parameter dtype ("float32" | "bfloat16"); compute_dtype defaults to it.
     mesh: a jax.sharding.Mesh (see supo_jax.make_mesh); parameters are created
@@ -217,6 +218,17 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
     options: the Decoder's remat / attention / precision (supo_jax.model.decoder.Decoder).
     """
     path = resolve_model_path(path)
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):   # a PEFT LoRA adapter
+        from supo_jax.model.lora import add_adapters, load_peft, peft_lora, read_peft_config
+
+        pc = read_peft_config(path)
+        if not pc.get("base_model_name_or_path"):
+            raise FileNotFoundError(f"{path}: a PEFT adapter that names no base model")
+        policy = load_policy(pc["base_model_name_or_path"], dtype, mesh,
+                             compute_dtype=compute_dtype, tokenizer=tokenizer, **options)
+        add_adapters(policy.model, peft_lora(pc), mesh=mesh)
+        load_peft(policy.model, path)
+        return policy
     pdt = _dtype(dtype)
     cdt = _dtype(compute_dtype) or pdt
     if path.endswith(".gguf"):

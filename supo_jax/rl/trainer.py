@@ -2,11 +2,11 @@
 checkpoint -> eval. The loop owns I/O only; the math is in algo.py / train_step.py.
 
 Multi-process runs (jax.distributed initialized, e.g. a TPU pod or several CPU processes):
-the mesh spans every process's devices and the policy is sharded over it. Each process
-runs the rollouts of its share of each step's tasks only (see rollout_batch), the
-rollouts are exchanged so that every process builds the same global batch, and each
-process places just the rows of that batch that live on its own devices; the train step
-is one SPMD program over the global mesh. Orbax writes checkpoints collectively; only
+the mesh spans every process's devices and the policy is sharded over it. Every process
+samples every rollout on that mesh, stepping the environments of its own rows and
+exchanging their outcomes (see rollout_batch), so every process builds the same global
+batch, and each process places just the rows of that batch that live on its own devices;
+the train step is one SPMD program over the global mesh. Orbax writes checkpoints collectively; only
 process 0 writes metrics.jsonl, TensorBoard events, config.json, the HF export and
 progress bars. The run directory must be shared by the processes.
 
