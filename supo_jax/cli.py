@@ -141,7 +141,8 @@ def _cmd_train(args) -> None:
           f"{os.path.join(cfg.train.run_dir, 'tb')} (TensorBoard events: pip install tensorboard, "
           f"then tensorboard --logdir {cfg.train.run_dir}); "
           f"checkpoints: {os.path.join(cfg.train.run_dir, 'checkpoints')}; "
-          f"HF export: {out.get('export')}")
+          f"HF export: {out.get('export')}"
+          + (f"; PEFT adapter: {out['peft']}" if out.get("peft") else ""))
 
 
 def _restore_policy(cfg, mesh=None):

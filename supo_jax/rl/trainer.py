@@ -454,6 +454,8 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     export = os.path.join(t.run_dir, "hf")
     save_policy(run.policy, cfg, export, os.path.join(t.run_dir, "peft"))   # collective
     result["export"] = export
+    if run.policy.model.lora is not None:
+        result["peft"] = os.path.join(t.run_dir, "peft")
     return result
 
 
