@@ -186,6 +186,9 @@ class RolloutState:
     # actions the manager dropped from the context (they reached L), each as context + action
     # with the action alone trained: never RL rows (SUPO drops them), but valid SFT targets
     dropped: tuple[Segment, ...] = ()
+    # the latest user request the environment delivered after the initial prompt (role "user"
+    # observations): a summary restart keeps it, after the continuation
+    user_turn: str = ""
 
     @property
     def context_len(self) -> int:
@@ -247,13 +250,14 @@ class _Applied(NamedTuple):
 
 def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, action: Turn,
                  observation: str | None, done: bool, reward: float = 0.0,
-                 tool_call: bool = True) -> RolloutState:
-    """Apply one action and its environment result. observation=None when the action answered.
+                 tool_call: bool = True, role: str = "tool") -> RolloutState:
+    """Apply one action and its environment result. observation=None when the action answered;
+    role "user" when the observation is a new user request (kept after a summary restart).
     Below the manager's limit the context just grows; at it, _ON_LIMIT[cfg.manager] acts."""
     with_action = _append_action(fmt, state, action, tool_call and not done)
     if done:
         return finish(with_action, "answer", reward)
-    grown = _append_observation(fmt, state, with_action, action, observation)
+    grown = _append_observation(fmt, state, with_action, action, observation, role)
     a = _Applied(state, with_action, grown, action)
     limit = cfg.limit(fmt)
     if not _at_limit(cfg, grown, limit):
@@ -274,14 +278,16 @@ def _append_action(fmt: ChatFormat, state: RolloutState, action: Turn,
 
 
 def _append_observation(fmt: ChatFormat, state: RolloutState, with_action: RolloutState,
-                        action: Turn, observation: str) -> RolloutState:
-    """with_action + the observation turn (context), recorded as a turn and two messages."""
-    obs_ids = tuple(fmt.turn("assistant", "tool", observation, action.tokens))
+                        action: Turn, observation: str, role: str = "tool") -> RolloutState:
+    """with_action + the observation turn (context), recorded as a turn and two messages; a
+    user turn also becomes the rollout's current request."""
+    obs_ids = tuple(fmt.turn("assistant", role, observation, action.tokens))
     return dataclasses.replace(
-        with_action, **_extend(with_action, obs_ids, 0), last_role="tool",
+        with_action, **_extend(with_action, obs_ids, 0), last_role=role,
         turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
         messages=state.messages + ({"role": "assistant", "content": action.text},
-                                   {"role": "tool", "content": observation}))
+                                   {"role": role, "content": observation}),
+        user_turn=observation if role == "user" else state.user_turn)
 
 
 def _at_limit(cfg: ContextConfig, grown: RolloutState, limit: int) -> bool:
@@ -365,7 +371,7 @@ def _cut(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Rollou
                               logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
                               attended=state.attended + state.segment_peak, segment_peak=0,
                               messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
-                              last_role="tool" if keep else "user")
+                              last_role=state.messages[-1]["role"] if keep else "user")
     return finish(new, "max_steps", close=False) if state.steps >= cfg.max_steps else new
 
 
@@ -377,7 +383,8 @@ assert set(_ON_LIMIT) == set(MANAGERS)
 
 def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summary: Turn,
                   trained: bool = True) -> RolloutState:
-    """Close the segment with the summary and restart from s1 + continuation(summary)."""
+    """Close the segment with the summary and restart from s1 + continuation(summary), then
+    the current user request when the environment delivered one after s1 (state.user_turn)."""
     from supo_jax.text.parsing import extract_summary
 
     gp = tuple(fmt.gen_prompt)
@@ -391,13 +398,16 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
         text = summary.text.strip()
     cont_text = cfg.continuation.format(prompt=state.prompt_text, summary=text)
     cont = tuple(fmt.turn("user", "user", cont_text))
+    current = ({"role": "user", "content": state.user_turn},) if state.user_turn else ()
+    if state.user_turn:   # the request being worked on (a later user turn) stays in view
+        cont += tuple(fmt.turn("user", "user", state.user_turn))
     steps = state.steps + int(cfg.summary_counts_as_step)
     first_msgs = tuple(m for m in state.messages[:2] if m["role"] in ("system", "user"))[:2]
     new = dataclasses.replace(
         state, phase="act", pending=(), segments=segments,
         tokens=state.prefix + cont, mask=(0,) * (len(state.prefix) + len(cont)),
         logprobs=(0.0,) * (len(state.prefix) + len(cont)), turns=(), last_role="user",
-        messages=first_msgs + ({"role": "user", "content": cont_text},),
+        messages=first_msgs + ({"role": "user", "content": cont_text},) + current,
         summaries=state.summaries + 1, steps=steps,
         generated_tokens=state.generated_tokens + len(summary.tokens),
         summary_lengths=state.summary_lengths + (len(summary.tokens),),

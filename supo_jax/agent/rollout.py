@@ -258,6 +258,8 @@ class _Driver:
                 env = self.make_env()
                 if hasattr(env, "call_formats"):   # Environment: read the template's call forms
                     env.call_formats = self.fmt.call_formats
+                if hasattr(env, "renders_tools"):  # whether the template shows the tools
+                    env.renders_tools = self.fmt.renders_tools
                 fut = self.pool.submit(env.reset, task)
             starts.append((slot, task, gi, s, env, fut))
         if not starts:
@@ -321,7 +323,8 @@ class _Driver:
 
     def env_result(self, fut) -> list:
         """An action's environment outcome as plain values: ["ok", observation (cut to
-        max_observation_tokens; None when done), done, reward, whether it was a tool call],
+        max_observation_tokens; None when done), done, reward, whether it was a tool call,
+        the observation's role],
         or ["timeout" | "env_error", message] (which ends that rollout)."""
         try:
             res = fut.result(timeout=self.timeout)
@@ -331,7 +334,9 @@ class _Driver:
             return ["env_error", f"step: {e!r}"[:500]]
         obs = None if res.done else _cut_observation(self.fmt, res.observation,
                                                      self.cfg.max_observation_tokens)
-        return ["ok", obs, bool(res.done), float(res.reward), "error" not in (res.info or {})]
+        role = "user" if getattr(res, "role", "tool") == "user" else "tool"
+        return ["ok", obs, bool(res.done), float(res.reward), "error" not in (res.info or {}),
+                role]
 
     def apply_summaries(self, summ: list[_Row], gens: dict, probes: dict) -> None:
         cfg = self.cfg
@@ -359,12 +364,12 @@ class _Driver:
                 r.state = finish(r.state, kind)
                 r.transcript.append({"role": "error", "content": rest[0]})
                 continue
-            obs, done, reward, tool_call = rest
+            obs, done, reward, tool_call, role = rest
             if obs is not None:
-                r.transcript.append({"role": "tool", "content": obs})
+                r.transcript.append({"role": role, "content": obs})
             n = len(r.state.tokens)
             r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, done, reward,
-                                   tool_call=tool_call)
+                                   tool_call=tool_call, role=role)
             if r.state.phase == "summarize" and len(r.state.tokens) == n:
                 for m in r.transcript[-2:]:   # the pair reached L and left the context
                     m["dropped"] = True

@@ -53,11 +53,14 @@ class Reset:
 
 @dataclass(frozen=True)
 class StepResult:
-    """Observation text for the model; done/reward end the episode; info for metrics."""
+    """Observation text for the model; done/reward end the episode; info for metrics; role:
+    the observation's chat turn, "tool" (a tool's result) or "user" (a new user request, e.g.
+    BFCL's next question: it stays in the context after a summary restart)."""
     observation: str
     done: bool = False
     reward: float = 0.0
     info: dict = field(default_factory=dict)
+    role: str = "tool"
 
 
 def error_result(message: str) -> StepResult:

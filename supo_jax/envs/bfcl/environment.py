@@ -1,0 +1,242 @@
+"""The environments bfcl/base, bfcl/long_context, bfcl/miss_func, bfcl/miss_param.
+
+An episode is one BFCL multi-turn task. The initial prompt is the task's first user
+question, with the tools of its simulator classes (BFCL's function docs as JSON schemas) in
+the chat template. Each action's tool calls are parsed (parse_action, validated against the
+schemas: a bad call is an error observation, nothing runs) and invoked as method calls on
+the task's simulator instances (never evaluated); their results, as BFCL writes them, are
+the observation. An action without a tool call ends the user turn, as in BFCL: the next
+question arrives as a user turn (role "user": a summary restart keeps it); after the last,
+the episode ends with BFCL's verdict on the calls made (supo_jax.envs.bfcl.calls.score) as
+the reward, 1.0 or 0.0 (with the task knob partial_reward: the share of turns before the
+first failing one). More than 20 steps in one turn ends the episode at 0 (BFCL's
+force-quit). miss_func: the held-out function's doc arrives at its turn in the user
+message, as BFCL's prompting handlers give it ("{docs}\\nI have updated some more functions
+you can choose from. What about now?"), and its tool is callable from then on. miss_param:
+the question lacks a parameter, and the ground truth makes no call in that turn (the model
+should ask).
+
+Tasks: every category's 200 tasks split by id number: those with number % 5 == 0 are the
+eval split (40), the rest train (160); a split's tasks are shuffled by the seed and repeated
+when more are asked for.
+
+The scripted expert replays the ground truth: each turn's calls in one action (the tool
+doc's parameter order names positional arguments), then a short text reply ending the turn;
+its summaries record the task, the turn and whether that turn's calls were made, which is
+how it continues after a summary restart.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, register_env
+from supo_jax.envs.bfcl.calls import Simulators, format_call, parse_call, verdict
+from supo_jax.envs.bfcl.data import CATEGORIES, entries, ground_truth, task_docs
+from supo_jax.envs.experts import register_expert
+from supo_jax.text.parsing import format_tool_call, parse_action
+
+MAX_STEPS_A_TURN = 20            # BFCL's MAXIMUM_STEP_LIMIT
+NEW_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"
+_NO_ANSWER_TOOL = "__bfcl_no_answer_tool__"   # no call ends the episode: the turns do
+
+
+def json_schema(p: dict) -> dict:
+    """A BFCL parameter doc as JSON schema: dict -> object, float -> number, tuple -> array,
+    any -> no type constraint; an object without properties takes any keys."""
+    out = {k: v for k, v in p.items() if k not in ("type", "properties", "items")}
+    t = p.get("type")
+    mapped = {"dict": "object", "float": "number", "tuple": "array"}.get(t, t)
+    if mapped and mapped != "any":
+        out["type"] = mapped
+    if "items" in p and isinstance(p["items"], dict):
+        out["items"] = json_schema(p["items"])
+    if "properties" in p:
+        out["properties"] = {k: json_schema(v) for k, v in p["properties"].items()}
+    elif mapped == "object":
+        out["additionalProperties"] = True
+    return out
+
+
+def untyped(schema: dict) -> dict:
+    """The schema an action is checked against: argument names, required arguments and enums,
+    not types. BFCL passes values to its simulators as given (its own ground truth passes
+    "ticket_001" where the doc says integer: miss_func 173); the rendered tools keep the
+    types."""
+    out = {k: v for k, v in schema.items() if k != "type"}
+    if isinstance(schema.get("items"), dict):
+        out["items"] = untyped(schema["items"])
+    if "properties" in schema:
+        out["properties"] = {k: untyped(v) for k, v in schema["properties"].items()}
+    return out
+
+
+def tool_spec(doc: dict) -> ToolSpec:
+    params = json_schema(doc.get("parameters") or {"type": "dict", "properties": {}})
+    params.setdefault("properties", {})
+    params["type"] = "object"
+    return ToolSpec(doc["name"], doc.get("description", ""), params)
+
+
+def _question(turn: list[dict]) -> str:
+    return "\n".join(m["content"] for m in turn if m.get("role") == "user")
+
+
+def turn_text(entry: dict, k: int) -> str:
+    """The user message of turn k: its question, or at a miss_func turn the held-out docs
+    and BFCL's prompt for them."""
+    later = task_docs(entry)[1]
+    if k in later:
+        return json.dumps(later[k]) + "\n" + NEW_FUNCTIONS
+    return _question(entry["question"][k])
+
+
+class BFCLEnv(Environment):
+    answer_tool = _NO_ANSWER_TOOL
+    max_calls_per_step = 256       # BFCL sets no limit to the calls of one step
+    # the rollout loop sets whether the policy's chat template renders `tools`; where it does
+    # not (SmolLM2's), the docs go into a system prompt, as BFCL's prompting handlers put them
+    renders_tools = True
+
+    def __init__(self, category: str):
+        self.category = category
+        self.name = f"bfcl/{category}"
+
+    def reset(self, task: dict) -> Reset:
+        self.task_id = task["task_id"]
+        self.partial = bool(task.get("partial_reward", False))
+        entry = self.entry = entries(self.category)[self.task_id]
+        self.sims = Simulators(entry, self.category)
+        docs, self.later = task_docs(entry)
+        self.tools = tuple(tool_spec(d) for d in docs)
+        # what an action may call: every function of the task's classes, offered yet or not
+        # (BFCL's executor runs any of them; its own ground truth calls miss_func 49's `tail`
+        # two turns before the doc arrives)
+        self.callable = {t.name: untyped(t.parameters) for t in self.tools + tuple(
+            tool_spec(d) for ds in self.later.values() for d in ds)}
+        self.questions = entry["question"]
+        self.turn, self.steps = 0, 0
+        self.calls: list[list[list[str]]] = [[]]
+        system = None if self.renders_tools else (
+            "You can call these functions (JSON docs), each call as <tool_call>{\"name\": ..., "
+            "\"arguments\": {...}}</tool_call>; reply without a call when the request is done or "
+            "cannot be done.\n" + json.dumps(docs))
+        return Reset(prompt=_question(self.questions[0]), tools=list(self.tools), system=system)
+
+    def act(self, text: str) -> StepResult:
+        parsed = parse_action(text, self.callable,
+                              self.answer_tool, self.max_calls_per_step,
+                              formats=self.call_formats)
+        if parsed.kind == "error" and parsed.error.startswith("no tool call found"):
+            return self._next_turn()
+        self.steps += 1
+        if parsed.kind == "error":
+            obs = StepResult(f"Error: {parsed.error}", info={"error": parsed.error})
+        else:
+            results = [self.sims.call(n, [], dict(a)) for n, a in parsed.calls]
+            self.calls[self.turn].append([format_call(n, a) for n, a in parsed.calls])
+            obs = StepResult("\n".join(results), info={"tools": [n for n, _ in parsed.calls]})
+        if self.steps > MAX_STEPS_A_TURN:     # BFCL force-quits the task
+            return StepResult("", done=True, reward=0.0, info={"force_quit": True})
+        return obs
+
+    def step(self, name: str, arguments: dict) -> StepResult:   # act() runs the calls
+        raise NotImplementedError
+
+    def _next_turn(self) -> StepResult:
+        self.turn += 1
+        if self.turn >= len(self.questions):
+            return StepResult("", done=True, reward=self.reward(),
+                              info={"calls": self.calls})
+        self.calls.append([])
+        self.steps = 0
+        if self.turn in self.later:           # miss_func: the held-out docs arrive now
+            self.tools = self.tools + tuple(tool_spec(d) for d in self.later[self.turn])
+        return StepResult(turn_text(self.entry, self.turn), role="user", info={"turn": self.turn})
+
+    def reward(self) -> float:
+        v = verdict(self.category, self.task_id, self.calls)
+        if v["valid"]:
+            return 1.0
+        if self.partial and v["turn"] is not None:
+            return v["turn"] / len(self.questions)
+        return 0.0
+
+
+def _number(task_id: str) -> int:
+    return int(task_id.rsplit("_", 1)[1])
+
+
+def split_ids(category: str, split: str) -> list[str]:
+    """The task ids of a split: eval = id number % 5 == 0, train = the rest (sorted)."""
+    ids = sorted(entries(category), key=_number)
+    return [i for i in ids if (_number(i) % 5 == 0) == (split == "eval")]
+
+
+def make_tasks_for(category: str):
+    def generate(split: str, n: int, seed: int, partial_reward: bool = False) -> list[dict]:
+        ids = split_ids(category, split)
+        random.Random(f"{category}:{split}:{seed}").shuffle(ids)
+        return [{"task_id": ids[k % len(ids)], "family": f"bfcl/{category}",
+                 "category": category, "partial_reward": bool(partial_reward)}
+                for k in range(n)]
+    return generate
+
+
+class BFCLExpert:
+    """The ground truth as a scripted policy (see the module docstring)."""
+
+    def __init__(self, category: str):
+        self.category = category
+
+    def _locate(self, messages: list[dict]) -> tuple[str, int, bool]:
+        """(task id, current turn, whether its calls were made) from the working context:
+        after a summary restart from the summary ("BFCL <id> turn <k> done|pending") and the
+        user turns since; before one from the questions seen."""
+        users = [(i, m["content"]) for i, m in enumerate(messages) if m["role"] == "user"]
+        mark = next(((i, re.search(r"BFCL (\S+) turn (\d+) (done|pending)", t))
+                     for i, t in reversed(users) if re.search(r"BFCL \S+ turn \d+", t)), None)
+        if mark is not None:
+            at, m = mark
+            tid, k = m.group(1), int(m.group(2))
+            # the copy of turn k's question follows the continuation (k > 0), then new turns
+            new_turns = len([i for i, _ in users if i > at]) - (1 if k > 0 else 0)
+            turn = k + max(0, new_turns)
+            done = m.group(3) == "done" and new_turns <= 0
+        else:
+            questions = [t for _, t in users]
+            cands = [i for i, e in entries(self.category).items()
+                     if _question(e["question"][0]) == questions[0]]
+            for k, q in enumerate(questions[1:], start=1):
+                e = entries(self.category)
+                narrowed = [i for i in cands if len(e[i]["question"]) > k
+                            and turn_text(e[i], k) == q]
+                cands = narrowed or cands
+            tid, turn, done = sorted(cands, key=_number)[0], len(questions) - 1, False
+        return tid, turn, done or messages[-1]["role"] == "tool"
+
+    def act(self, messages: list[dict], summarize: bool = False) -> str:
+        tid, turn, done = self._locate(messages)
+        if summarize:
+            return (f"<summary>BFCL {tid} turn {turn} {'done' if done else 'pending'}"
+                    "</summary>")
+        truth = ground_truth(self.category)[tid]
+        if done or turn >= len(truth) or not truth[turn]:
+            return "Done."
+        docs = {d["name"]: d for d in task_docs(entries(self.category)[tid])[0]}
+        for later in task_docs(entries(self.category)[tid])[1].values():
+            docs.update({d["name"]: d for d in later})
+        out = []
+        for call in truth[turn]:
+            name, args, kwargs = parse_call(call)
+            order = list((docs[name].get("parameters") or {}).get("properties", {}))
+            kwargs = {**dict(zip(order, args)), **kwargs}
+            out.append(format_tool_call(name, kwargs))
+        return "\n".join(out)
+
+
+for _c in CATEGORIES:
+    register_env(f"bfcl/{_c}", tasks=make_tasks_for(_c))(
+        lambda category=_c: BFCLEnv(category))
+    register_expert(f"bfcl/{_c}", lambda env_name, **kw: BFCLExpert(env_name.split("/", 1)[1]))

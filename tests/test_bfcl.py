@@ -1,0 +1,198 @@
+"""BFCL multi-turn (supo_jax.envs.bfcl) against bfcl-eval itself: the verdict of `score` on
+ground-truth and altered call sequences of every category equals bfcl-eval's
+multi_turn_checker's (which evaluates the call strings of the dataset; `score` never does),
+on all 800 tasks."""
+import importlib.util
+import itertools
+import random
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("bfcl_eval") is None,
+    reason="bfcl-eval is not installed (pip install --no-deps bfcl-eval==2026.3.23; CI does)")
+
+CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+_RUN = itertools.count()
+
+
+def _bfcl_verdict(category, task_id, calls):
+    """bfcl-eval's runner's decision: the turn-count check, then multi_turn_checker (with a
+    model name of its own per call: its executor keeps instances in module globals by name)."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    from supo_jax.envs.bfcl.data import entries, ground_truth
+
+    truth = ground_truth(category)[task_id]
+    if len(calls) != len(truth):
+        return False
+    decoded = [[s for s in turn if s] for turn in calls]     # the runner drops empty steps
+    res = multi_turn_checker(decoded, truth, dict(entries(category)[task_id]),
+                             f"multi_turn_{category}", f"supo_check_{next(_RUN)}")
+    return bool(res["valid"])
+
+
+def _changed(call: str) -> str:
+    """The call with its first argument's value changed to another literal."""
+    from supo_jax.envs.bfcl import parse_call
+
+    name, args, kwargs = parse_call(call)
+    alter = lambda v: (not v if isinstance(v, bool) else "x" + v if isinstance(v, str)
+                       else v + 1 if isinstance(v, (int, float)) else v[:-1] if v else [0])
+    if args:
+        args = [alter(args[0])] + args[1:]
+    elif kwargs:
+        k = next(iter(kwargs))
+        kwargs = {**kwargs, k: alter(kwargs[k])}
+    return f"{name}(" + ", ".join([repr(a) for a in args]
+                                  + [f"{k}={v!r}" for k, v in kwargs.items()]) + ")"
+
+
+def _alterations(truth, rng):
+    """Call sequences near the ground truth: as is (one step a turn), each turn's calls one a
+    step, one call dropped, an argument changed, a turn emptied, a call repeated, two turns
+    swapped, one turn too few."""
+    steps = lambda turns: [[t] if t else [] for t in turns]
+    out = {"truth": steps(truth), "one_call_a_step": [[[c] for c in t] for t in truth]}
+    busy = [i for i, t in enumerate(truth) if t]
+    if busy:
+        i = rng.choice(busy)
+        j = rng.randrange(len(truth[i]))
+        out["dropped"] = steps([t if k != i else t[:j] + t[j + 1:] for k, t in enumerate(truth)])
+        changed = _changed(truth[i][j])
+        out["argument"] = steps([t if k != i else t[:j] + [changed] + t[j + 1:]
+                                 for k, t in enumerate(truth)])
+        out["emptied"] = steps([t if k != i else [] for k, t in enumerate(truth)])
+        out["repeated"] = steps([t if k != i else t + [t[j]] for k, t in enumerate(truth)])
+    if len(truth) > 1:
+        a, b = rng.sample(range(len(truth)), 2)
+        sw = list(truth)
+        sw[a], sw[b] = sw[b], sw[a]
+        out["swapped"] = steps(sw)
+    out["short"] = steps(truth[:-1])
+    return out
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_score_agrees_with_bfcl_checker(category):
+    from supo_jax.envs.bfcl import score
+    from supo_jax.envs.bfcl.data import ground_truth
+
+    rng = random.Random(category)
+    ids = sorted(ground_truth(category))
+    assert len(ids) == 200
+    kinds = {}
+    for tid in ids:
+        for kind, calls in _alterations(ground_truth(category)[tid], rng).items():
+            mine, theirs = score(category, tid, calls), _bfcl_verdict(category, tid, calls)
+            assert mine == theirs, (category, tid, kind, calls)
+            kinds.setdefault(kind, []).append(mine)
+    assert all(kinds["truth"]) and not any(kinds["short"])
+    # the alterations exercise both verdicts
+    assert not all(kinds["dropped"]) and not all(kinds["argument"])
+
+
+def test_every_ground_truth_call_parses_and_passes():
+    """All 800 tasks' ground truth: every call parses as a literal call, and the sequence
+    passes `score` (one step a turn)."""
+    from supo_jax.envs.bfcl import parse_call, score
+    from supo_jax.envs.bfcl.data import ground_truth
+
+    for category in CATEGORIES:
+        for tid, truth in ground_truth(category).items():
+            for turn in truth:
+                for call in turn:
+                    parse_call(call)
+            assert score(category, tid, [[t] if t else [] for t in truth]), (category, tid)
+
+
+def test_calls_are_never_evaluated():
+    """Text that is not a call of a function by name with literal arguments is refused
+    before anything runs; names BFCL refuses are refused; unknown names are errors."""
+    from supo_jax.envs.bfcl.calls import Simulators, parse_call
+    from supo_jax.envs.bfcl.data import entries
+
+    for bad in ["__import__('os').system('true')", "ls(a=open('/etc/passwd').read())",
+                "cd(folder=x)", "(lambda: 1)()", "ls(**{'a': True})", "ls(a=True) + 1",
+                "x" * 10_000 + "(", "\udcff(1)"]:
+        with pytest.raises(ValueError):
+            parse_call(bad)
+    sims = Simulators(entries("base")["multi_turn_base_0"], "base")
+    assert sims.run("__import__('os').system('true')").startswith("Error during execution:")
+    assert sims.run("exit()") == "Error during execution: Function call exit is not allowed."
+    assert sims.run("nope(a=1)") == "Error during execution: name 'nope' is not defined"
+    assert sims.run("ls(a=True)").startswith('{"current_directory_content"')
+
+
+def _fmt():
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.model.tiny import tiny_tokenizer
+    return ChatFormat(tiny_tokenizer(template="qwen"))
+
+
+def test_ground_truth_replays_at_one_in_every_category():
+    """The scripted expert (each turn's ground-truth calls in one action, then a reply)
+    through the environments under `full` with room for every history: all 800 tasks pass
+    BFCL's verdict, the reward of every rollout."""
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+    from supo_jax.envs import make_env
+    from supo_jax.envs.bfcl.environment import split_ids
+    from supo_jax.envs.experts import expert_for
+
+    fmt = _fmt()
+    cfg = ContextConfig(manager="full", working_context=1_000_000, max_steps=400,
+                        max_action_tokens=8192, max_observation_tokens=1_000_000,
+                        trigger_rule="paper")
+    for category in CATEGORIES:
+        name = f"bfcl/{category}"
+        train, test = split_ids(category, "train"), split_ids(category, "eval")
+        assert len(train) == 160 and len(test) == 40 and not set(train) & set(test)
+        tasks = [{"task_id": i, "family": name, "category": category} for i in train + test]
+        ro = run_rollouts(ScriptedActor(expert_for(name), fmt), lambda: make_env(name), tasks,
+                          fmt, cfg, rows=16)
+        failed = [(r.task_id, r.reason) for r in ro if r.reward != 1.0 or r.reason != "answer"]
+        assert not failed, (category, failed[:5])
+
+
+def test_bad_calls_are_error_observations_and_text_ends_the_turn():
+    from supo_jax.envs import make_env
+
+    env = make_env("bfcl/base")
+    env.reset({"task_id": "multi_turn_base_0"})
+    bad = env.act('<tool_call>{"name": "cd", "arguments": {"nope": 1}}</tool_call>')
+    assert not bad.done and bad.role == "tool" and bad.observation.startswith("Error:")
+    assert env.calls == [[]]                              # nothing ran, nothing recorded
+    ok = env.act('<tool_call>{"name": "cd", "arguments": {"folder": "document"}}</tool_call>')
+    assert ok.observation == '{"current_working_directory": "document"}'
+    assert env.calls == [[["cd(folder='document')"]]]
+    nxt = env.act("Moved.")
+    assert nxt.role == "user" and not nxt.done and nxt.observation.startswith("Perform a detailed")
+    for _ in range(3):
+        last = env.act("ok")
+    assert last.done and last.reward == 0.0              # turns without the calls fail
+
+
+def test_a_summary_restart_keeps_the_current_user_turn():
+    """After a user turn arrived (role "user"), a summary restart's context is the initial
+    prompt, the continuation with the summary, then that user turn."""
+    from supo_jax.agent.context import ContextConfig, Turn, after_action, after_summary
+    from supo_jax.agent.rollout import _start
+
+    fmt = _fmt()
+    cfg = ContextConfig(manager="supo", working_context=4096, max_summaries=2, max_steps=50,
+                        trigger_rule="paper")
+    state = _start(fmt, cfg, None, "first request", [])
+    act = lambda text: Turn(tuple(fmt.encode(text)) + (fmt.stop_id,), (0.0,) * (
+        len(fmt.encode(text)) + 1), text)
+    state = after_action(cfg, fmt, state, act("calling"), "result", False)
+    state = after_action(cfg, fmt, state, act("done"), "second request", False, role="user")
+    assert state.user_turn == "second request" and state.messages[-1]["role"] == "user"
+    state = after_action(cfg, fmt, state, act("calling again"), "result 2", False)
+    restarted = after_summary(cfg, fmt, state, act("<summary>did the first</summary>"))
+    assert [m["role"] for m in restarted.messages][-2:] == ["user", "user"]
+    assert restarted.messages[-1]["content"] == "second request"
+    assert "did the first" in restarted.messages[-2]["content"]
+    tail = tuple(fmt.turn("user", "user", "second request"))
+    assert restarted.tokens[-len(tail):] == tail
+    assert restarted.tokens[:len(state.prefix)] == state.prefix
