@@ -27,7 +27,7 @@ class ModelSection:
     path: str = ""                 # HF dir or .gguf; "" = a tiny random policy (tiny_* fields)
     dtype: str = "float32"         # parameter (master) dtype
     compute_dtype: str = ""        # "" = same as dtype
-    remat: str = "auto"            # auto | none | full | dots (what the backward keeps; Decoder)
+    remat: str = "auto"            # auto | none | full | dots | offload (what the backward keeps)
     attention: str = "auto"        # auto | xla | blockwise | cudnn | splash (model/attention.py)
     precision: str = "auto"        # auto | default | high | highest (matmuls; auto: float32 is true
                                    # float32 on accelerators)

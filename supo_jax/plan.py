@@ -284,7 +284,9 @@ def _figures(compiled, chip: dict) -> dict:
     cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
     b = {"argument": int(mem.argument_size_in_bytes), "output": int(mem.output_size_in_bytes),
          "temp": int(mem.temp_size_in_bytes), "alias": int(mem.alias_size_in_bytes),
-         "code": int(mem.generated_code_size_in_bytes)}
+         "code": int(mem.generated_code_size_in_bytes),
+         # host memory (pinned_host) the program keeps per chip: remat "offload"'s layer inputs
+         "host_temp": int(getattr(mem, "host_temp_size_in_bytes", 0) or 0)}
     # donated arguments (alias) are reused by outputs: counted once
     b["total"] = b["argument"] + b["output"] - b["alias"] + b["temp"] + b["code"]
     flops = float(cost.get("flops", 0.0) or 0.0)
@@ -406,6 +408,9 @@ def format_plan(rep: dict) -> str:
             lines.append(f"  {k + ' bytes/chip':24s} {_gib(b[k]):>14s}"
                          + (f"   ({100 * b[k] / rep['hbm_bytes_per_chip']:.1f}% of HBM)"
                             if k == "total" else ""))
+        if b.get("host_temp"):
+            lines.append(f"  {'host memory/chip':24s} {_gib(b['host_temp']):>14s}"
+                         "   (offloaded to the host: not in HBM)")
         lines.append(f"  {'flops/chip':24s} {p['flops_per_chip']:>14.4g}")
         lines.append(f"  {'bytes accessed/chip':24s} {_gib(p['bytes_accessed_per_chip']):>14s}")
         lines.append(f"  {'estimated time':24s} {p['estimated_seconds'] * 1e3:>11.3f} ms"

@@ -63,6 +63,23 @@ def test_train_step_with_splash_on_several_chips():
     _fits(rep["programs"]["train_step"])
 
 
+@pytest.mark.slow
+def test_remat_offload_keeps_layer_inputs_in_host_memory():
+    """model.remat=offload compiles for TPU with each layer's input in pinned host memory:
+    host memory a chip > 0 and fewer temporaries than remat full at the same shapes."""
+    from supo_jax.plan import plan
+
+    got = {}
+    for remat in ("full", "offload"):
+        rep = plan(_recipe("model.attention=xla", f"model.remat={remat}"), TOPOLOGY,
+                   programs=("train_step",))
+        p = rep["programs"]["train_step"]
+        _fits(p)
+        got[remat] = p["bytes_per_chip"]
+    assert got["full"]["host_temp"] == 0 < got["offload"]["host_temp"]
+    assert got["offload"]["temp"] < got["full"]["temp"]
+
+
 def test_host_copy_decode_holds_the_policy_on_one_host():
     """--host-copy: the decode of one host's share of the rows on its own chips (v5e hosts
     hold 4 chips) needs more bytes a chip than the same rows' decode on the training mesh

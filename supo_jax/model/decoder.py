@@ -30,12 +30,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax.ad_checkpoint import checkpoint_name
+
 from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
 from supo_jax.model.config import ModelConfig
 from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight
 
-REMAT = ("auto", "none", "full", "dots")
+REMAT = ("auto", "none", "full", "dots", "offload")
+# remat "offload": each layer's input (named in the scan) kept in host memory, all else
+# recomputed (MaxText's offloaded remat does the same for the decoder layer's input)
+OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=[], names_which_can_be_offloaded=["decoder_layer_input"],
+    offload_src="device", offload_dst="pinned_host")
 PRECISIONS = ("auto", "default", "high", "highest")
 
 
@@ -295,7 +302,9 @@ class Decoder(nnx.Module):
     remat: what the backward keeps of each layer's forward (the training path's scan):
       "none" everything, "full" only the layer's input (the rest is recomputed),
       "dots" the matmul outputs without batch dimensions (the projections; not the
-      attention), "auto" by the activations' size (`remat_mode`). A bool means full / none.
+      attention), "offload" as full with each layer's input kept in the host's memory
+      (pinned_host) instead of the device's (TPU), "auto" by the activations' size
+      (`remat_mode`). A bool means full / none.
     attention: "auto" | "xla" | "blockwise" | "cudnn" | "splash" (supo_jax.model.attention).
     precision: matmul precision. "auto" = "highest" (true float32) when the compute dtype
       is float32 on an accelerator (XLA's default there is TF32 / one bf16 pass, which
@@ -370,7 +379,9 @@ class Decoder(nnx.Module):
         auto: "none" while every layer's saved activations (about (6E + 2HD + 2KD + 4F)
         values per token, in the compute dtype) fit in an eighth of the device's memory
         (the host's RAM on CPU), "dots" while the matmul outputs alone ((2E + HD + 2KD +
-        2F) per token) fit in a third, else "full"."""
+        2F) per token) fit in a third, else "full", or on TPU "offload" when the layers'
+        inputs a device keeps under full (E per token of its batch shard) exceed a quarter
+        of its memory."""
         if self.remat != "auto":
             return self.remat
         c = self.cfg
@@ -379,7 +390,17 @@ class Decoder(nnx.Module):
         every = (6 * c.hidden_size + 2 * HD + 2 * KD + 4 * c.intermediate_size) * item
         dots = (2 * c.hidden_size + HD + 2 * KD + 2 * c.intermediate_size) * item
         mem = _device_bytes()
-        return "none" if every <= mem // 8 else "dots" if dots <= mem // 3 else "full"
+        if every <= mem // 8:
+            return "none"
+        if dots <= mem // 3:
+            return "dots"
+        # full keeps each layer's input: offload it to the host when that alone would take a
+        # quarter of a TPU's memory (per device: the batch is split over data x fsdp)
+        mesh = jax.sharding.get_abstract_mesh()
+        shards = 1 if mesh.empty else int(np.prod([mesh.shape[a] for a in ("data", "fsdp")
+                                                   if a in mesh.axis_names]))
+        inputs = c.hidden_size * item // shards
+        return "offload" if platform.backend() == "tpu" and inputs > mem // 4 else "full"
 
     def head(self):
         """The LM head [E, V] in the compute dtype."""
@@ -440,12 +461,15 @@ class Decoder(nnx.Module):
         else:                              # a scan over the stacked layers
             def step(carry, lw):
                 x, cache, i = carry
+                x = checkpoint_name(x, "decoder_layer_input")   # remat "offload" moves it
                 x, cache = block(cfg, f, x, lw, cache, i)
                 return (x, cache, i + 1), None
 
             mode = self.remat_mode(tokens.size) if cache is None else "none"
             if mode == "full":
                 step = jax.checkpoint(step)
+            elif mode == "offload":
+                step = jax.checkpoint(step, policy=OFFLOAD_LAYER_INPUTS)
             elif mode == "dots":
                 step = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
             (x, cache, _), _ = jax.lax.scan(step, (x, cache, jnp.int32(0)), self._stacked())
