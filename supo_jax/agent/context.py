@@ -320,10 +320,12 @@ def _summarize(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> 
     if len(base.tokens) + len(instr) + gp >= cfg.working_context:   # no room for a summary
         return _end_dropping(a, dropped, "context_limit")
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
+    # (a user turn in the dropped pair is the current request all the same: the restart
+    # keeps it)
     seg_state = grown if show else dataclasses.replace(
         state, steps=grown.steps, tool_calls=grown.tool_calls,
         generated_tokens=grown.generated_tokens, max_context=grown.max_context,
-        segment_peak=grown.segment_peak)
+        segment_peak=grown.segment_peak, user_turn=grown.user_turn)
     return dataclasses.replace(
         seg_state, dropped=dropped, phase="summarize", pending=base.tokens + instr,
         messages=base.messages + ({"role": cfg.summary_role, "content": cfg.summary_instruction},))

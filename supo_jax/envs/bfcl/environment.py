@@ -22,8 +22,10 @@ when more are asked for.
 
 The scripted expert replays the ground truth: each turn's calls in one action (the tool
 doc's parameter order names positional arguments), then a short text reply ending the turn;
-its summaries record the task, the turn and whether that turn's calls were made, which is
-how it continues after a summary restart.
+its summaries record the task and the turn whose action was made last (a summary always
+follows an action, which ran even when SUPO dropped it from the context: the expert assumes
+the paper's SUPO, context.show_dropped_to_summarizer off), which is how it continues after a
+summary restart.
 """
 from __future__ import annotations
 
@@ -200,10 +202,15 @@ class BFCLExpert:
         if mark is not None:
             at, m = mark
             tid, k = m.group(1), int(m.group(2))
-            # the copy of turn k's question follows the continuation (k > 0), then new turns
-            new_turns = len([i for i, _ in users if i > at]) - (1 if k > 0 else 0)
-            turn = k + max(0, new_turns)
-            done = m.group(3) == "done" and new_turns <= 0
+            entry = entries(self.category)[tid]
+            # the user turns since the continuation: the current request (kept by the restart;
+            # a later one when the turn advanced in the dropped pair), then new turns
+            since = [t for i, t in users if i > at]
+            turn = k
+            for text in since:
+                turn = next((j for j in range(turn, len(entry["question"]))
+                             if turn_text(entry, j) == text), turn)
+            done = m.group(3) == "done" and turn == k
         else:
             questions = [t for _, t in users]
             cands = [i for i, e in entries(self.category).items()
@@ -219,8 +226,10 @@ class BFCLExpert:
     def act(self, messages: list[dict], summarize: bool = False) -> str:
         tid, turn, done = self._locate(messages)
         if summarize:
-            return (f"<summary>BFCL {tid} turn {turn} {'done' if done else 'pending'}"
-                    "</summary>")
+            # a summary is asked for right after an action, which ran even when SUPO dropped it
+            # from the context: the expert's action for this turn (its calls, or the reply
+            # ending it) was made
+            return f"<summary>BFCL {tid} turn {turn} done</summary>"
         truth = ground_truth(self.category)[tid]
         if done or turn >= len(truth) or not truth[turn]:
             return "Done."
