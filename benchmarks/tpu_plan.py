@@ -118,8 +118,8 @@ def main(argv=None):
         with open(fn) as f:
             kept = [r for r in json.load(f)["results"]["rows"] if r["setup"] not in only]
     rows = []
+    made = provenance()    # the code this process runs: as it was at its start
     for name in only:
-        made = provenance()
         rows += [dict(r, made=made) for r in plan_setup(name, smoke=args.smoke)]
         partial = os.path.join(args.out_dir, "tpu_plan.partial.json")
         os.makedirs(args.out_dir, exist_ok=True)
