@@ -31,8 +31,10 @@ SETUPS = {
                 {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-128",
                                                       "v5litepod-256"],
                  "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
+    # 64K-token rows: remat full keeps 43 GB of layer inputs a chip; offload moves them to the
+    # hosts' memory
     "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
-                   "paper_search_supo.py", "seed-oss-36b-instruct", [],
+                   "paper_search_supo.py", "seed-oss-36b-instruct", ["model.remat=offload"],
                    {"v5p": ["v5p-32", "v5p-64", "v5p-128", "v5p-256"],
                     "v5e": ["v5litepod-128", "v5litepod-256"],
                     "v6e": ["v6e-128", "v6e-256"]}),

@@ -261,10 +261,13 @@ def no_side_effects(monkeypatch):
     install_side_effect_guard(monkeypatch)
 
 
-def fuzz_envs():
-    # environments with a task set (a test-only env without one cannot be reset)
+def fuzz_envs(bfcl: bool = False):
+    # environments with a task set (a test-only env without one cannot be reset); BFCL's
+    # (bfcl=True) alone: their turns end on an action without a call (test_fuzz_bfcl_envs)
     out = []
     for name in list_envs():
+        if name.startswith("bfcl/") != bfcl:
+            continue
         try:
             out.append((name, make_tasks(name, "train", 8, seed=0)))
         except ValueError:
@@ -336,6 +339,48 @@ def test_fuzz_all_envs(no_side_effects):
         env.act(text)
         again.append(time.perf_counter() - t0)
     assert min(again) < 1.0, (name, text[:200], again)
+
+
+def test_fuzz_bfcl_envs(no_side_effects):
+    """BFCL's environments under the same random actions (calls of their tools with random
+    arguments, malformed calls, garbage): no exception, text observations, rewards in [0, 1];
+    an action without a call ends the turn (a user turn, or the episode); any other bad
+    action is an error observation; calls that reach a simulator never run code."""
+    import importlib.util
+
+    if importlib.util.find_spec("bfcl_eval") is None:
+        pytest.skip("bfcl-eval is not installed")
+    envs = fuzz_envs(bfcl=True)
+    assert len(envs) == 4
+    counts = {"error": 0, "call": 0, "turn": 0, "done": 0}
+    for e, (name, tasks) in enumerate(envs):
+        rng = random.Random(99 + e)
+        env = make_env(name)
+        env.reset(tasks[0])
+        k = 1
+        for _ in range(N_PER_ENV // 2):
+            tools = {t.name: t.parameters for t in env.tools}
+            [(text, _)] = cases(rng, tools, 1, value_errors=True,
+                                max_calls=env.max_calls_per_step)
+            parsed = parse_action(text, tools, env.answer_tool, env.max_calls_per_step)
+            res = env.act(text)
+            assert isinstance(res.observation, str) and isinstance(res.info, dict)
+            res.observation.encode("utf-8")
+            assert 0.0 <= res.reward <= 1.0 and res.role in ("tool", "user")
+            if res.done:
+                counts["done"] += 1
+                env.reset(tasks[k % len(tasks)])
+                k += 1
+            elif res.role == "user":
+                counts["turn"] += 1
+                assert parsed.kind == "error" and parsed.error.startswith("no tool call")
+            elif "error" in res.info:
+                counts["error"] += 1
+                assert res.observation.startswith("Error: ")
+            else:
+                counts["call"] += 1
+    print(f"bfcl fuzz: {counts}")
+    assert all(counts.values()), counts
 
 
 def test_fuzz_parser_alone_is_deterministic():
