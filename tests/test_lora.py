@@ -189,17 +189,21 @@ def _train(run_dir, *sets):
 
 @pytest.mark.slow
 def test_lora_run_resumes_exactly_and_continues_from_its_peft_adapter(tmp_path):
-    """A LoRA run of 2 steps equals one of 1 step resumed to 2 (metrics and adapters); its
-    run_dir/peft adapter (on run_dir/base) restarts training with the same logits."""
-    whole = _train(str(tmp_path / "a"), "train.steps=2")
-    _train(str(tmp_path / "b"), "train.steps=1")
-    resumed = _train(str(tmp_path / "b"), "train.steps=2")
+    """A LoRA run (SFT warm start, then RL) of 2 steps equals one of 1 step resumed to 2
+    (metrics and adapters); the warm start wrote sft/ and sft_peft/; the run's run_dir/peft
+    adapter (on run_dir/base) restarts training with the same logits."""
+    # with the SFT warm start (3 steps through the adapters, checkpointed as step 0)
+    sft = ("train.sft_warm_start=true", "context.max_steps=16")   # room for the expert
+    whole = _train(str(tmp_path / "a"), "train.steps=2", *sft)
+    _train(str(tmp_path / "b"), "train.steps=1", *sft)
+    resumed = _train(str(tmp_path / "b"), "train.steps=2", *sft)
     # the train steps' rows and the final eval (the 1-step run also wrote an eval at step 1)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")}
                           for r in rows if "loss" in r] + [rows[-1]]
     assert strip(resumed) == strip(whole)
     assert [r["step"] for r in whole if "loss" in r] == [1, 2]
     assert all(r["updates"] > 0 for r in whole if "loss" in r)
+    assert (tmp_path / "a" / "sft_peft" / "adapter_config.json").is_file()
     a = open(tmp_path / "a" / "peft" / "adapter_model.safetensors", "rb").read()
     assert a == open(tmp_path / "b" / "peft" / "adapter_model.safetensors", "rb").read()
 
