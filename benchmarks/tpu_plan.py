@@ -142,7 +142,8 @@ def markdown(res: dict) -> str:
            "the decode chunk's time. Prefill: the longest prefill call (4096 tokens a row). "
            "Per-host copy: the decode of one host's share of the rows on that host's chips "
            "alone, as a per-process copy of the policy would need it (sampling runs on the "
-           "training mesh instead). Each setup is tried on a generation's slices smallest "
+           "training mesh instead). (+N host): memory kept in the host's RAM a chip (remat "
+           "offload), not in HBM. Each setup is tried on a generation's slices smallest "
            "first, until one fits; overrides are the settings changed to fit a slice.", "",
            "| setup | slice | chips | fits | train step GiB / chip | prefill GiB / chip | "
            "decode GiB / chip | decode, per-host copy GiB / chip | trained (params; optimizer "
@@ -157,7 +158,11 @@ def markdown(res: dict) -> str:
                 e = x["error"]
                 short = (e.split("(")[1].split(")")[0] if "HLO temporaries (" in e else e[:40])
                 return f"no: temporaries {short}" if "HLO temporaries (" in e else "no: " + short
-            return f"{x['bytes_per_chip']['total'] / 2**30:.2f}" if x else "-"
+            if not x:
+                return "-"
+            host = x["bytes_per_chip"].get("host_temp", 0)
+            return f"{x['bytes_per_chip']['total'] / 2**30:.2f}" + (
+                f" (+{host / 2**30:.2f} host)" if host else "")
         ts = p.get("train_step", {})
         rates = r["tokens_per_second_per_chip"]
         tr = r.get("training")
@@ -172,6 +177,14 @@ def markdown(res: dict) -> str:
                  " ".join(o for o in r.get("overrides", [])
                           if o not in SETUPS.get(r["setup"], ("",) * 4)[3]) or "-"]
         out.append("| " + " | ".join(cells) + " |")
+    made: dict[str, list[str]] = {}
+    for r in res["results"]["rows"]:
+        m = r.get("made") or {}
+        key = f"{m.get('commit')}{' (dirty)' if m.get('dirty') else ''}, {m.get('date', '')[:10]}"
+        if r["setup"] not in made.setdefault(key, []):
+            made[key].append(r["setup"])
+    out += ["", "Rows by the commit whose code made them: " + "; ".join(
+        f"{', '.join(v)}: {k}" for k, v in made.items()) + "."]
     if res.get("note"):
         out += ["", f"Note: {res['note']}."]
     return "\n".join(out) + "\n"
