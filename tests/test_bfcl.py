@@ -4,6 +4,7 @@ multi_turn_checker's (which evaluates the call strings of the dataset; `score` n
 on all 800 tasks."""
 import importlib.util
 import itertools
+import json
 import random
 
 import pytest
@@ -153,6 +154,12 @@ def test_ground_truth_replays_at_one_in_every_category():
                           fmt, cfg, rows=16)
         failed = [(r.task_id, r.reason) for r in ro if r.reward != 1.0 or r.reason != "answer"]
         assert not failed, (category, failed[:5])
+        # each rollout records its executed calls in BFCL's decoded form (what `supo-jax
+        # rollout --out` writes), which bfcl-eval's own checker passes
+        from supo_jax.agent.rollout import Rollout
+        for r in ro[:10]:
+            calls = Rollout.from_json(json.loads(json.dumps(r.to_json()))).env_info["calls"]
+            assert _bfcl_verdict(category, r.task_id, calls), (category, r.task_id)
 
 
 @pytest.mark.long

@@ -132,6 +132,9 @@ class Rollout:
     summaries_text: list[str] = dataclasses.field(default_factory=list)
     summary_probes: list = dataclasses.field(default_factory=list)  # env.probe per summary
     dropped: list = dataclasses.field(default_factory=list)  # actions dropped at L (SFT rows)
+    # the info of the environment's last step when it ended the episode (JSON values; e.g.
+    # BFCL's executed calls per turn, "calls")
+    env_info: dict = dataclasses.field(default_factory=dict)
 
     @property
     def answered(self) -> bool:
@@ -151,6 +154,18 @@ class Rollout:
             d[k] = [Segment(tuple(s["tokens"]), tuple(s["mask"]), tuple(s["logprobs"]))
                     for s in d.get(k, ())]
         return cls(**d)
+
+
+def _json_values(info: dict) -> dict:
+    """The JSON-representable part of a step's info (it may cross processes and is written
+    to rollout files)."""
+    out = {}
+    for k, v in info.items():
+        try:
+            out[str(k)] = json.loads(json.dumps(v))
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _cut_observation(fmt: ChatFormat, text: str, limit: int) -> str:
@@ -173,6 +188,7 @@ class _Row:
         self.transcript: list[dict] = list(state.messages)
         self.summaries: list[str] = []
         self.probes: list = []
+        self.env_info: dict = {}
 
 
 def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
@@ -234,7 +250,7 @@ class _Driver:
             sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
             reward=float(st.reward),
             reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
-            summary_probes=row.probes,
+            summary_probes=row.probes, env_info=row.env_info,
             counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
                           generated_tokens=st.generated_tokens,
                           summary_lengths=list(st.summary_lengths),
@@ -324,7 +340,7 @@ class _Driver:
     def env_result(self, fut) -> list:
         """An action's environment outcome as plain values: ["ok", observation (cut to
         max_observation_tokens; None when done), done, reward, whether it was a tool call,
-        the observation's role],
+        the observation's role, the step's info when it ended the episode],
         or ["timeout" | "env_error", message] (which ends that rollout)."""
         try:
             res = fut.result(timeout=self.timeout)
@@ -335,8 +351,9 @@ class _Driver:
         obs = None if res.done else _cut_observation(self.fmt, res.observation,
                                                      self.cfg.max_observation_tokens)
         role = "user" if getattr(res, "role", "tool") == "user" else "tool"
+        final = _json_values(res.info or {}) if res.done else {}
         return ["ok", obs, bool(res.done), float(res.reward), "error" not in (res.info or {}),
-                role]
+                role, final]
 
     def apply_summaries(self, summ: list[_Row], gens: dict, probes: dict) -> None:
         cfg = self.cfg
@@ -364,7 +381,8 @@ class _Driver:
                 r.state = finish(r.state, kind)
                 r.transcript.append({"role": "error", "content": rest[0]})
                 continue
-            obs, done, reward, tool_call, role = rest
+            obs, done, reward, tool_call, role, final = rest
+            r.env_info = final
             if obs is not None:
                 r.transcript.append({"role": role, "content": obs})
             n = len(r.state.tokens)
