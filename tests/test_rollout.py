@@ -259,7 +259,11 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
         knobs = (["--set", "context.working_context=4096", "--set", "context.max_steps=60",
                   "--set", "context.max_action_tokens=128", "--set", "context.max_summary_tokens=256",
                   "--set", "context.max_observation_tokens=512"] if name == "search" else
-                 ["--set", "env.knobs.size=6", "--set", "context.working_context=1400"])
+                 # BFCL's docs alone are ~15K tiny-tokenizer tokens: `full` with room for all
+                 ["--set", "context.manager=full", "--set", "context.working_context=200000",
+                  "--set", "context.max_steps=400", "--set", "context.max_action_tokens=8192",
+                  "--set", "context.max_observation_tokens=100000"] if name.startswith("bfcl/")
+                 else ["--set", "env.knobs.size=6", "--set", "context.working_context=1400"])
         r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", name,
                             "--policy", "scripted", "--num", "2", "--out", str(out), *knobs],
                            capture_output=True, text=True, timeout=300, env=env)
@@ -267,6 +271,9 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
         recs = [json.loads(x) for x in out.read_text().splitlines()]
         assert len(recs) == 2 and all(x["reason"] == "answer" and x["reward"] == 1.0 for x in recs)
         assert "success_rate" in r.stdout
+        if name.startswith("bfcl/"):    # BFCL's decoded calls, per turn and step
+            assert all(x["env_info"]["calls"] and isinstance(x["env_info"]["calls"][0], list)
+                       for x in recs)
     # a real checkpoint (tiny HF model + tokenizer) through the same command
     ck = tmp_path / "ck"
     make_hf_model("qwen2_bias_gqa", str(ck), vocab=len(tiny_tokenizer()))
