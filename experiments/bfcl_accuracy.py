@@ -56,19 +56,23 @@ def main(argv=None):
                           "summaries_mean": res["summaries_mean"],
                           "reasons": res["reasons"]}
         print(category, json.dumps(rows[category]), flush=True)
+        write(args, rows, provenance())   # after every category: a long run keeps what it has
+
+
+def write(args, rows, prov):
     overall = sum(r["accuracy"] for r in rows.values()) / len(rows)
     md = [f"{args.model}: {args.manager} at W = {args.working_context}, greedy", "",
           "| category | accuracy | tasks | summaries / rollout |", "|---|---|---|---|"]
     md += [f"| {c} | {r['accuracy']:.1%} | {r['tasks']} | {r['summaries_mean']:.2f} |"
            for c, r in rows.items()]
     md.append(f"| mean | {overall:.1%} | | |")
-    print("\n".join(md))
+    print("\n".join(md), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump({"model": args.model, "manager": args.manager,
                        "working_context": args.working_context, "categories": rows,
-                       "mean": overall, "provenance": provenance()}, f, indent=1)
+                       "mean": overall, "provenance": prov}, f, indent=1)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write("\n".join(md) + "\n")
 
