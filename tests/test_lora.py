@@ -92,6 +92,35 @@ def test_subset_of_targets_and_peft_errors(base, tmp_path):
         load_peft(other.model, str(tmp_path / "p"))
 
 
+@pytest.mark.parametrize("base_dtype", ["", "int8"])
+def test_decode_merges_adapters_into_its_layer_copy(base, base_dtype):
+    """The unrolled decode's per-layer copy holds W + (alpha / r) A @ B and no adapters (an
+    int8 base keeps them: merging would dequantize it); generation with the merged copy
+    gives the product's tokens and logprobs."""
+    from supo_jax.sampling.sampler import Sampler, SamplingParams
+
+    policy = supo_jax.load_policy(base)
+    add_adapters(policy.model, LoRA(4, 8.0, ("q", "up", "down")), base_dtype=base_dtype)
+    _randomize(policy.model)
+    layers = policy.model.layer_weights()
+    merged = not base_dtype
+    assert ("wq_lora_a" in layers[0]) is not merged and "wk_lora_a" not in layers[0]
+    if merged:
+        s = policy.model.layers
+        want = np.asarray(s.wq[...][1]) + 2.0 * np.asarray(s.wq_lora_a[...][1]) @ np.asarray(
+            s.wq_lora_b[...][1])
+        np.testing.assert_allclose(np.asarray(layers[1]["wq"]), want, atol=1e-6)
+    prompts = {i: list(p) for i, p in enumerate(_ids(policy))}
+    out = []
+    for merge in (True, False):
+        sampler = Sampler(policy, 2, 64, unroll_layers=True, merge_adapters=merge)
+        sampler.append(prompts)
+        out.append(sampler.generate([0, 1], 12, set(), SamplingParams(1.0), jax.random.key(0)))
+    for r in (0, 1):
+        assert out[0][r].tokens == out[1][r].tokens
+        np.testing.assert_allclose(out[0][r].logprobs, out[1][r].logprobs, atol=1e-5)
+
+
 def _step(policy, *, kl=0.0):
     """One train step on a random batch; (params before, params after, metrics)."""
     from supo_jax.rl.batch import TrainBatch

@@ -35,7 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
 from supo_jax.model.config import ModelConfig
-from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight
+from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight, merge_adapters
 
 REMAT = ("auto", "none", "full", "dots", "offload")
 # remat "offload": each layer's input (named in the scan) kept in host memory, all else
@@ -343,8 +343,10 @@ class Decoder(nnx.Module):
                     if getattr(self.layers, n, None) is not None})
         return out
 
-    def layer_weights(self) -> list[dict]:
-        """The stacked layer weights cut into one dict of arrays per layer.
+    def layer_weights(self, merge: bool = True) -> list[dict]:
+        """The stacked layer weights cut into one dict of arrays per layer, with the LoRA
+        adapters merged into their weights unless `merge` is False or the base is
+        int8 (supo_jax.model.lora.merge_adapters: the copy is made anyway).
 
         For token-by-token decoding on CPU: cut once outside the decode loop and pass
         as `layer_weights=`. A scan over the stack slices (copies) every layer's
@@ -353,6 +355,8 @@ class Decoder(nnx.Module):
         cheap and the copy of the weights is not worth its memory.
         """
         stacked = self._stacked()
+        if merge and self.lora is not None:
+            stacked = merge_adapters(stacked, self.lora.scale)
         return [{n: (w[i] if w is not None else None) for n, w in stacked.items()}
                 for i in range(self.cfg.num_layers)]
 

@@ -12,8 +12,13 @@ gets two adapter weights, stacked like it:
 so the adapted model equals the base at initialisation. Adapters are `LoRAParam`s (a kind
 of nnx.Param): with them present, only they are trained and carry optimizer state
 (supo_jax.rl.train_step.split_trainable); the base is frozen, and the KL reference is the
-same weights with the adapters' product off (no second copy). Training and sampling run the
-low-rank product in the forward (the base is never rewritten).
+same weights with the adapters' product off (no second copy). Training and prefill run the
+low-rank product in the forward (the base is never rewritten). The decode on CPU and GPU
+reads a per-layer copy of the weights that the sampler cuts once per rollout phase
+(Decoder.layer_weights); the adapters are merged into that copy (merge_adapters), which
+measured faster than the product (BENCHMARKS.md "LoRA") and costs no memory beyond the copy.
+TPU's decode scans the stacked weights (no copy) and an int8 base stays int8: both keep the
+product.
 
 QLoRA: `model.lora_base_dtype=int8` stores each target's base weight as int8 with one
 float32 scale per output channel ([L, 1, out]: symmetric, scale = max|W| / 127), dequantized
@@ -136,21 +141,36 @@ def base_weight(lw: dict, name: str, dtype):
     return w.astype(dtype)
 
 
+def merge_adapters(lw: dict, scale: float, xp=jnp) -> dict:
+    """Layer weights (one layer's or stacked) with each target's adapters merged into its
+    weight, W + scale * A @ B in W's dtype, and their entries dropped. An int8 base keeps its
+    adapters: merging would dequantize it. `xp`: jax.numpy (traced) or numpy (host arrays)."""
+    out = dict(lw)
+    for name in TARGETS.values():
+        a = out.get(f"{name}_lora_a")
+        if a is None or out[name].dtype == jnp.int8:
+            continue
+        b, w = out.pop(f"{name}_lora_b"), out[name]
+        del out[f"{name}_lora_a"]
+        delta = xp.matmul(a.astype(xp.float32), b.astype(xp.float32))
+        out[name] = (w.astype(xp.float32) + scale * delta).astype(w.dtype)
+    return out
+
+
 def merged_layers(pure: dict, lora: LoRA | None) -> dict:
     """The pure layer parameters (nnx.to_pure_dict(...)["layers"], host arrays) with every
-    target's weight dequantized and its adapters merged in (W + scale * A @ B), the
-    adapter and scale entries dropped: the plain model a merged export writes."""
-    out = {k: v for k, v in pure.items() if not k.endswith(("_lora_a", "_lora_b", "_scale"))}
+    target's weight dequantized and its adapters merged in (W + scale * A @ B, in float32),
+    the adapter and scale entries dropped: the plain model a merged export writes."""
+    out = {k: np.asarray(v) for k, v in pure.items() if not k.endswith("_scale")}
     for name in TARGETS.values():
-        w = np.asarray(pure[name])
+        w = out[name]
         if w.dtype == np.int8:
-            w = w.astype(np.float32) * np.asarray(pure[f"{name}_scale"], np.float32)
-        if lora is not None and f"{name}_lora_a" in pure:
-            a = np.asarray(pure[f"{name}_lora_a"], np.float32)
-            b = np.asarray(pure[f"{name}_lora_b"], np.float32)
-            w = w.astype(np.float32) + lora.scale * np.einsum("lir,lro->lio", a, b)
-        out[name] = w
-    return out
+            out[name] = w.astype(np.float32) * np.asarray(pure[f"{name}_scale"], np.float32)
+        elif lora is not None and f"{name}_lora_a" in out:
+            out[name] = w.astype(np.float32)
+    if lora is not None:
+        out = merge_adapters(out, lora.scale, np)
+    return {k: v for k, v in out.items() if not k.endswith(("_lora_a", "_lora_b"))}
 
 
 def peft_names(name: str, i: int) -> tuple[str, str]:

@@ -107,11 +107,11 @@ def prefill(graphdef, params, cache: KVCache, tokens, num_new, *, attend_len: in
     return dataclasses.replace(cache, lengths=cache.lengths + num_new), last
 
 
-@partial(jax.jit, static_argnames=("graphdef",))
-def layer_weights(graphdef, params) -> list[dict]:
+@partial(jax.jit, static_argnames=("graphdef", "merge"))
+def layer_weights(graphdef, params, merge: bool = True) -> list[dict]:
     """The policy's per-layer weights (Decoder.layer_weights): a copy of every layer's
-    weights, for `decode(..., layers=)`."""
-    return nnx.merge(graphdef, params).layer_weights()
+    weights, LoRA adapters merged in unless `merge` is False, for `decode(..., layers=)`."""
+    return nnx.merge(graphdef, params).layer_weights(merge)
 
 
 @jax.tree_util.register_dataclass
@@ -236,7 +236,8 @@ class Sampler:
 
     def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
                  min_prefill: int = 16, min_attend: int = 128, unroll_layers: bool | None = None,
-                 decode_chunk: int = 64, prefill_chunk: int = PREFILL_CHUNK):
+                 decode_chunk: int = 64, prefill_chunk: int = PREFILL_CHUNK,
+                 merge_adapters: bool = True):
         if max_len <= 0 or batch <= 0:
             raise ValueError("batch and max_len must be positive")
         if decode_chunk and (decode_chunk < 8 or decode_chunk & (decode_chunk - 1)):
@@ -245,6 +246,7 @@ class Sampler:
         if prefill_chunk < 16 or prefill_chunk & (prefill_chunk - 1):
             raise ValueError(f"prefill_chunk must be a power of two >= 16, got {prefill_chunk}")
         self.decode_chunk, self.prefill_chunk = decode_chunk, prefill_chunk
+        self.merge_adapters = merge_adapters   # LoRA merged into the unrolled decode's copy
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
@@ -298,14 +300,15 @@ class Sampler:
     def _layer_weights(self, graphdef, params):
         """The unrolled decode's per-layer weights, cut once per version of the policy's
         weights (an update makes new arrays) rather than in every decode call. The copy
-        lives as long as this sampler (the trainer makes a fresh one per rollout phase)."""
+        lives as long as this sampler (the trainer makes a fresh one per rollout phase);
+        LoRA adapters are merged into it (merge_adapters=False keeps their product)."""
         if not self.unroll_layers:
             return None
         leaves = jax.tree.leaves(params)
         if self._layers is None or len(self._layers[0]) != len(leaves) or any(
                 a is not b for a, b in zip(self._layers[0], leaves)):
             self._layers = None                        # free the old copy before cutting
-            self._layers = (leaves, layer_weights(graphdef, params))
+            self._layers = (leaves, layer_weights(graphdef, params, self.merge_adapters))
         return self._layers[1]
 
     def _rows(self, x: np.ndarray):
