@@ -43,6 +43,16 @@ def test_plan_validates_every_config_before_running(tmp_path):
     assert runs[3].cfg.train.run_dir == os.path.join(str(tmp_path), "manager=full", "seed1")
 
 
+def test_plan_sweeps_lora_rank(tmp_path):
+    """A sweep over the adapters' rank: one run a rank, a bad rank fails before any run."""
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["model.lora_rank=8,16"])), [0],
+                      str(tmp_path))
+    assert [r.cfg.model.lora_rank for r in runs] == [8, 16]
+    assert runs[0].cfg.train.run_dir != runs[1].cfg.train.run_dir
+    with pytest.raises(ConfigError, match="lora_rank must be >= 0"):
+        sweep.plan(TINY, [{"model.lora_rank": "-4"}], [0], str(tmp_path))
+
+
 def _fake_train(calls):
     """A stand-in trainer: success = seed/10 (+0.5 for 'full'), three logged steps."""
     def train(cfg):
