@@ -163,7 +163,10 @@ def _restore_policy(cfg, mesh=None):
     check_run_dir(cfg.train.run_dir, policy)
     if steps:
         from flax import nnx
-        nnx.update(policy.model, mgr.restore_params(steps[-1], policy.split()[1]))
+        from supo_jax.rl.train_step import trainable
+        # a checkpoint holds the trained parameters (with LoRA the adapters: the base is
+        # the one build_policy made from the same settings)
+        nnx.update(policy.model, mgr.restore_params(steps[-1], trainable(policy.split()[1])))
         print(f"policy: {ck} step {steps[-1]}")
     if mgr:
         mgr.close()

@@ -233,6 +233,10 @@ def test_lora_run_resumes_exactly_and_continues_from_its_peft_adapter(tmp_path):
     assert [r["step"] for r in whole if "loss" in r] == [1, 2]
     assert all(r["updates"] > 0 for r in whole if "loss" in r)
     assert (tmp_path / "a" / "sft_peft" / "adapter_config.json").is_file()
+    # the checkpoints hold the adapters (and their optimizer state), not the frozen base
+    meta = json.load(open(tmp_path / "a" / "checkpoints" / "2" / "params" / "_METADATA"))
+    saved = list(meta["tree_metadata"])                  # "('layers', 'wq_lora_a', 'value')"
+    assert len(saved) == 2 * len(ALL) and all("_lora_" in k for k in saved), saved
     a = open(tmp_path / "a" / "peft" / "adapter_model.safetensors", "rb").read()
     assert a == open(tmp_path / "b" / "peft" / "adapter_model.safetensors", "rb").read()
 
@@ -245,6 +249,11 @@ def test_lora_run_resumes_exactly_and_continues_from_its_peft_adapter(tmp_path):
     merged = supo_jax.load_policy(str(tmp_path / "a" / "hf"))
     ids = _ids(merged)
     np.testing.assert_allclose(np.asarray(cont.logits(ids)), np.asarray(merged.logits(ids)),
+                               atol=1e-5)
+    # `supo-jax eval`'s policy: the base rebuilt, the adapters from the last checkpoint
+    from supo_jax.cli import _restore_policy
+    back = _restore_policy(lc(TINY, TRAIN + list(sft) + [f"train.run_dir={tmp_path / 'a'}"]))
+    np.testing.assert_allclose(np.asarray(back.logits(ids)), np.asarray(merged.logits(ids)),
                                atol=1e-5)
     with pytest.raises(ConfigError, match="set model.lora_rank=4 model.lora_alpha=8"):
         build_policy(lc(TINY, TRAIN[:-2] + ["model.lora_rank=2", f"train.init_from={peft}"]))

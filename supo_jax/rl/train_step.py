@@ -83,7 +83,8 @@ def trainable(params: nnx.State) -> nnx.State:
     return split_trainable(params)[0]
 
 
-def _join(trainable_, frozen):
+def join_trainable(trainable_: nnx.State, frozen: nnx.State | None) -> nnx.State:
+    """The whole parameters again from split_trainable's (trainable, frozen)."""
     return trainable_ if frozen is None else nnx.merge_state(trainable_, frozen)
 
 
@@ -95,7 +96,7 @@ def _score(graphdef, params, mb: TrainBatch, cfg: LossConfig, entropy_grad: bool
 
 
 def _loss(graphdef, train, mb: TrainBatch, norm, cfg: LossConfig, ref_params=None, frozen=None):
-    params = _join(train, frozen)
+    params = join_trainable(train, frozen)
     logp, entropy = _score(graphdef, params, mb, cfg, entropy_grad=bool(cfg.entropy_coef))
     if cfg.objective == "sft":
         mask = mb.mask.astype(jnp.float32)
@@ -104,7 +105,7 @@ def _loss(graphdef, train, mb: TrainBatch, norm, cfg: LossConfig, ref_params=Non
     ref = None
     if cfg.kl_coef:
         if ref_params is None and frozen is not None:   # LoRA: the base, adapters at zero
-            ref_params = _join(jax.tree.map(jnp.zeros_like, train), frozen)
+            ref_params = join_trainable(jax.tree.map(jnp.zeros_like, train), frozen)
         ref = jax.lax.stop_gradient(_score(graphdef, ref_params, mb, cfg)[0])
     return policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, eps_low=cfg.eps_low,
                        eps_high=cfg.eps_high, aggregation=cfg.aggregation, ref_logp=ref,
@@ -159,7 +160,7 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossC
     loss, metrics, grads = loss_and_grads(graphdef, params, batch, cfg, micro, ref_params)
     train, frozen = split_trainable(params)
     updates, new_opt_state = tx.update(grads, opt_state, train)
-    new_params = _join(optax.apply_updates(train, updates), frozen)
+    new_params = join_trainable(optax.apply_updates(train, updates), frozen)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
                    tokens=jnp.sum(batch.mask))
     if max_kl is None or cfg.objective != "ppo":

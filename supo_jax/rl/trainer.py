@@ -49,8 +49,8 @@ from supo_jax.rl.multihost import ProcessPeers, barrier, is_main, make_run_mesh,
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               load_configured_policy, model_fingerprint, row_len,
                               sampler_rows, save_policy)
-from supo_jax.rl.train_step import (learning_rate, make_optimizer, recompute_logprobs, trainable,
-                                    train_step)
+from supo_jax.rl.train_step import (join_trainable, learning_rate, make_optimizer,
+                                    recompute_logprobs, split_trainable, train_step, trainable)
 from supo_jax.sampling.sampler import SamplingParams
 from supo_jax.utils import json_safe
 
@@ -287,7 +287,10 @@ def open_run(cfg: Config) -> Run:
     graphdef, params = policy.split()
     run = Run(cfg, policy, fmt, mesh, ckpts, model_fingerprint(policy), tx, graphdef, params,
               init_opt_state(tx, params, mesh))
-    restored = ckpts.restore_latest(run.params, run.opt_state)
+    # checkpoints hold the trained parameters: with LoRA the adapters, not the frozen base
+    # (rebuilt from the same settings, as here)
+    trained, frozen = split_trainable(run.params)
+    restored = ckpts.restore_latest(trained, run.opt_state)
     if restored is None and ckpts.steps():
         raise ValueError(
             f"{run_dir}: none of its checkpoints (steps {ckpts.steps()}) can be restored into "
@@ -295,7 +298,8 @@ def open_run(cfg: Config) -> Run:
             "warnings above say why); nothing was overwritten. Use another train.run_dir, or move "
             "the checkpoints away to start over")
     if restored is not None:
-        run.start, run.params, run.opt_state, _ = restored
+        run.start, trained, run.opt_state, _ = restored
+        run.params = join_trainable(trained, frozen)
         nnx.update(policy.model, run.params)
         run.report["resumed_from"] = run.start
         if is_main():
@@ -309,7 +313,7 @@ def open_run(cfg: Config) -> Run:
         barrier("supo_jax:sft:written")
         run.graphdef, run.params = policy.split()
         run.opt_state = init_opt_state(tx, run.params, mesh)
-        ckpts.save(0, run.params, run.opt_state, {
+        ckpts.save(0, trainable(run.params), run.opt_state, {
             "step": 0, "seed": cfg.train.seed, "task_position": 0,
             "model_fingerprint": run.fingerprint, "warm_start": run.report})
     if cfg.loss.kl_coef:
@@ -429,7 +433,7 @@ def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int
     eval every train.eval_every steps (the last step's eval is `finish`'s)."""
     t = run.cfg.train
     if done % t.save_every == 0 or done == t.steps:
-        run.ckpts.save(done, run.params, run.opt_state, {
+        run.ckpts.save(done, trainable(run.params), run.opt_state, {
             "step": done, "seed": t.seed, "task_position": task_position,
             "model_fingerprint": run.fingerprint})
     if t.eval_every and done % t.eval_every == 0 and done < t.steps:
