@@ -236,3 +236,59 @@ def test_a_summary_restart_keeps_the_current_user_turn():
     tail = tuple(fmt.turn("user", "user", "second request"))
     assert restarted.tokens[-len(tail):] == tail
     assert restarted.tokens[:len(state.prefix)] == state.prefix
+
+
+@pytest.mark.parametrize("role", ["system", "user"])
+def test_expert_summary_names_the_turn_whatever_the_instruction_role(role):
+    """A summary request ends the messages with its instruction, a user message under
+    context.summary_role=user: the expert's summary names the current turn, not one more."""
+    from supo_jax.envs.bfcl.data import entries
+    from supo_jax.envs.bfcl.environment import BFCLExpert, turn_text
+
+    tid, entry = next((i, e) for i, e in entries("base").items() if len(e["question"]) >= 3)
+    expert = BFCLExpert("base")
+    messages = [{"role": "user", "content": turn_text(entry, 0)}]
+    for k in (1, 2):
+        messages += [{"role": "assistant", "content": expert.act(messages)},
+                     {"role": "tool", "content": "{}"},
+                     {"role": "assistant", "content": expert.act(messages)},
+                     {"role": "user", "content": turn_text(entry, k)}]
+    messages.append({"role": role, "content": "Context full. Summarize the state."})
+    assert expert.act(messages, summarize=True) == f"<summary>BFCL {tid} turn 2 done</summary>"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_trains_and_evaluates_with_the_project_commands(category, tmp_path):
+    """`supo-jax train` on bfcl/<category> with the tiny policy: an SFT warm start on the
+    ground truth (its demonstrations succeed), an RL step under SUPO, the final eval; then
+    `supo-jax eval` on the run directory at two summary caps."""
+    import math
+    import os
+
+    from supo_jax import cli
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sets = [f"env.name=bfcl/{category}", "env.knobs={}", "env.eval_tasks=1",
+            "sft.num_demos=2", "sft.steps=1", "sft.batch_rows=2",
+            "context.working_context=4096", "context.max_steps=40",
+            "context.max_action_tokens=256", "context.max_observation_tokens=512",
+            "context.max_summary_tokens=64", "train.steps=1", "rollout.tasks_per_step=1",
+            "rollout.rows=2", f"train.run_dir={tmp_path}"]
+    if category == "long_context":     # its demos outgrow the context: summaries restart them
+        sets += ["context.working_context=8192", "context.max_observation_tokens=2048",
+                 "context.max_summaries=8"]
+    args = ["--config", os.path.join(root, "experiments", "configs", "tiny_test.py")]
+    for s in sets:
+        args += ["--set", s]
+    assert cli.main(["train", *args]) in (0, None)
+    ev = json.load(open(tmp_path / "eval.json"))
+    assert ev["sft_demo_success"] == 1.0 and math.isfinite(ev["sft_loss_last"])
+    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    step = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in step] == [1] and step[0]["rollouts"] == 2
+    assert math.isfinite(step[0]["loss"]) and "success_rate" in ev["eval"]
+    assert cli.main(["eval", *args, "--max-summaries", "0,3"]) in (0, None)
+    caps = json.load(open(tmp_path / "eval_scaling.json"))
+    assert [c["max_summaries"] for c in caps] == [0, 3]
+    assert all(0.0 <= c["success_rate"] <= 1.0 for c in caps)

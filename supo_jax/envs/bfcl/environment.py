@@ -224,7 +224,9 @@ class BFCLExpert:
         return tid, turn, done or messages[-1]["role"] == "tool"
 
     def act(self, messages: list[dict], summarize: bool = False) -> str:
-        tid, turn, done = self._locate(messages)
+        # a summary request ends the messages with its instruction (a user message under
+        # context.summary_role=user): not a question
+        tid, turn, done = self._locate(messages[:-1] if summarize else messages)
         if summarize:
             # a summary is asked for right after an action, which ran even when SUPO dropped it
             # from the context: the expert's action for this turn (its calls, or the reply
