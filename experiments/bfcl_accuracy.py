@@ -8,7 +8,7 @@ a given working context, greedy.
 
 The other settings are experiments/configs/bfcl_supo.py's (--set overrides them). Each
 category's eval split is its 40 tasks with id number % 5 == 0 (--tasks N: the first N of
-them). Published multi-turn scores for reference (BFCL paper, ICML 2025): Qwen2.5-0.5B about
+them; --offset K: N from the K-th on, to run the split in parts). Published multi-turn scores for reference (BFCL paper, ICML 2025): Qwen2.5-0.5B about
 1%, Qwen2.5-1.5B 1.5-4%, Qwen2.5-7B 7-14.5%, GPT-4o 35-59% by category.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ def main(argv=None):
     p.add_argument("--working-context", type=int, default=8192)
     p.add_argument("--categories", default="base,long_context,miss_func,miss_param")
     p.add_argument("--tasks", type=int, default=40, help="tasks a category (eval split: 40)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="skip the first OFFSET eval tasks of each category (a split run in parts)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=None, help="a folder for results.json and results.md")
     args = p.parse_args(argv)
@@ -50,9 +52,10 @@ def main(argv=None):
             policy = build_policy(cfg)
             fmt = ChatFormat(policy.tokenizer)
         tasks = [{"task_id": i, "family": f"bfcl/{category}", "category": category}
-                 for i in split_ids(category, "eval")[:args.tasks]]
+                 for i in split_ids(category, "eval")[args.offset:args.offset + args.tasks]]
         res = evaluate(policy, fmt, cfg, tasks=tasks, seed=0, progress=True)
         rows[category] = {"accuracy": res["success_rate"], "tasks": res["rollouts"],
+                          "task_ids": [t["task_id"] for t in tasks],
                           "summaries_mean": res["summaries_mean"],
                           "reasons": res["reasons"]}
         print(category, json.dumps(rows[category]), flush=True)
