@@ -43,6 +43,7 @@ def main(argv=None):
 
     rows = {}
     policy = fmt = None
+    prov = provenance()      # the code that runs: HEAD may move while a long run goes on
     for category in args.categories.split(","):
         cfg = load_config(CONFIG, [f"model.path={args.model}", f"env.name=bfcl/{category}",
                                    f"context.manager={args.manager}",
@@ -59,7 +60,7 @@ def main(argv=None):
                           "summaries_mean": res["summaries_mean"],
                           "reasons": res["reasons"]}
         print(category, json.dumps(rows[category]), flush=True)
-        write(args, rows, provenance())   # after every category: a long run keeps what it has
+        write(args, rows, prov)   # after every category: a long run keeps what it has
 
 
 def write(args, rows, prov):
