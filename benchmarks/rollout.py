@@ -94,6 +94,11 @@ def main(argv=None):
                   f"-> {r['generated'] / r['s']:.1f} tokens/s", flush=True)
 
     pure = _pure_decode(policy, args.tasks, repeats)
+    refill = _refill(policy, args.tasks, max_len, repeats)
+    print(f"a new prompt in 1 of {refill['rows']} rows ({refill['prompt']} tokens; the others "
+          f"hold {refill['held']}): {refill['row_s']['median'] * 1e3:.1f} ms prefilling that row "
+          f"alone, {refill['batch_s']['median'] * 1e3:.1f} ms the whole batch: "
+          f"{refill['speedup']['median']:.2f}x", flush=True)
     print(f"pure decode, batch {args.tasks}, {PURE_PROMPT}-token prompt, {PURE_NEW} new tokens: "
           f"{pure['tokens_per_s']['median']:.1f} tokens/s", flush=True)
     ref = _tokens(first["kept"]["rollouts"])
@@ -125,6 +130,7 @@ def main(argv=None):
         "variants": variants,
         "pure_decode": pure,
         "rollout_share_of_decode": kept_tps / pure["tokens_per_s"]["median"],
+        "refill": refill,
         "speedup": speedup,
         "identical_rollouts": all(same),
         "identical_rollouts_share": rows_same / max(1, n),
@@ -193,6 +199,42 @@ def _pure_decode(policy, rows: int, repeats: int) -> dict:
             "tokens_per_s": common.stats(rows * PURE_NEW / t for t in times)}
 
 
+def _refill(policy, rows: int, max_len: int, repeats: int) -> dict:
+    """A freed row starting its next task (more rollouts than rows): one row of `rows` gets a
+    prompt of 3/8 of the cache while the others hold half of it each. Time of that
+    append with only the new row computed (Sampler's default) and with the whole batch
+    (row_prefill=False), alternating; the same last logits either way."""
+    import jax
+    import numpy as np
+
+    from supo_jax.sampling.sampler import Sampler
+
+    v = policy.config.vocab_size - 1
+    n_held, n_prompt = max_len // 2, max_len * 3 // 8
+    held = {r: [(5 * i + r) % v + 1 for i in range(n_held)] for r in range(rows)}
+    prompt = [(3 * i) % v + 1 for i in range(n_prompt)]
+    samplers = {}
+    for row_prefill in (True, False):
+        s = samplers[row_prefill] = Sampler(policy, rows, max_len, row_prefill=row_prefill)
+        s.append(held)
+    times = {True: [], False: []}
+    for i in range(repeats + 1):            # the first round compiles
+        for row_prefill, s in samplers.items():
+            s.reset(0, 0)
+            t0 = time.perf_counter()
+            s.append({0: prompt})
+            jax.block_until_ready((s.cache, s.last_logits))
+            if i:
+                times[row_prefill].append(time.perf_counter() - t0)
+    diff = float(np.abs(np.asarray(samplers[True].last_logits)
+                        - np.asarray(samplers[False].last_logits)).max())
+    return {"rows": rows, "held": n_held, "prompt": n_prompt,
+            "row_s": common.stats(times[True]), "batch_s": common.stats(times[False]),
+            "speedup": common.stats(b / a for a, b in zip(times[True], times[False])),
+            "max_logit_diff": diff}
+
+
+
 def limits(res: dict) -> str:
     """Why the speedup falls short of the target (empty when met)."""
     r = res["results"]
@@ -242,6 +284,18 @@ steps, tokenization) {k['time_split']['rest_s'] * 100:.0f}%. Pure decode at the 
 Speedup (kept / re-prefilled, per round): **{sp['median']:.2f}x** ({sp['min']:.2f}-{sp['max']:.2f}x);
 identical rollouts (every segment's token ids): **{'yes' if r['identical_rollouts'] else 'no'}**
 ({r['identical_rollouts_share'] * 100:.0f}% of rollouts identical in the first runs).
+""" + _refill_md(r.get("refill"))
+
+
+def _refill_md(f) -> str:
+    if not f:
+        return ""
+    return f"""
+A freed row starting its next task (more rollouts than rows): a {f['prompt']}-token prompt in 1
+of {f['rows']} rows while the others hold {f['held']} tokens. Prefilling that row alone (the
+sampler's default) takes {f['row_s']['median'] * 1e3:.1f} ms, the whole batch
+{f['batch_s']['median'] * 1e3:.1f} ms: **{f['speedup']['median']:.2f}x** ({f['speedup']['min']:.2f}-{f['speedup']['max']:.2f}x over
+{f['speedup']['n']} rounds; last logits within {f['max_logit_diff']:.1e}).
 """
 
 

@@ -51,7 +51,7 @@ def test_long_appends_prefill_in_chunks(policy):
     one, chunked = Sampler(policy, 3, 128), Sampler(policy, 3, 128, prefill_chunk=16)
     one.append(toks)
     chunked.append(toks)
-    assert [k[2] for k in chunked.shapes_compiled if k[0] == "prefill"] == [16]
+    assert {k[2] for k in chunked.shapes_compiled if k[0] == "prefill"} == {16}
     np.testing.assert_array_equal(chunked.lengths, [50, 20, 33])
     np.testing.assert_allclose(np.asarray(chunked.last_logits), np.asarray(one.last_logits),
                                atol=1e-4)
@@ -62,6 +62,40 @@ def test_long_appends_prefill_in_chunks(policy):
     a = one.generate([0, 1, 2], 5, set(), GREEDY, jax.random.key(0))
     b = chunked.generate([0, 1, 2], 5, set(), GREEDY, jax.random.key(0))
     assert [a[r].tokens for r in range(3)] == [b[r].tokens for r in range(3)]
+
+
+def test_prefill_of_a_few_rows_computes_only_them(policy):
+    """A new prompt in one freed row while the others wait: only that row is prefilled
+    (its count bucketed: 1 of 4 rows); the cache and logits equal the whole-batch prefill's,
+    and the other rows' cache is left exactly as it was."""
+    rs = np.random.RandomState(4)
+    first = {r: _ids(rs, n) for r, n in enumerate((30, 12, 25, 7))}
+    late, more = _ids(rs, 40), {1: _ids(rs, 6), 3: _ids(rs, 9)}
+    subset, whole = Sampler(policy, 4, 128), Sampler(policy, 4, 128, row_prefill=False)
+    for s in (subset, whole):
+        s.append(first)
+        s.generate([0, 1, 2, 3], 4, set(), GREEDY, jax.random.key(0))
+    before = np.asarray(subset.cache.k).copy()
+    for s in (subset, whole):
+        s.reset(2, 0)
+        s.append({2: late})
+    assert ("prefill", 1, 64, 128) in subset.shapes_compiled
+    assert ("prefill", 4, 64, 128) in whole.shapes_compiled
+    k = np.asarray(subset.cache.k)
+    np.testing.assert_array_equal(np.delete(k, 2, axis=1), np.delete(before, 2, axis=1))
+    np.testing.assert_allclose(k, np.asarray(whole.cache.k), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(subset.last_logits), np.asarray(whole.last_logits),
+                               atol=1e-4)
+    for s in (subset, whole):
+        s.append(more)          # two rows of four: bucketed to 2
+    assert ("prefill", 2, 16, 128) in subset.shapes_compiled
+    np.testing.assert_array_equal(subset.lengths, whole.lengths)
+    np.testing.assert_array_equal(np.asarray(subset.cache.lengths), whole.lengths)
+    a = subset.generate([0, 1, 2, 3], 6, set(), GREEDY, jax.random.key(0))
+    b = whole.generate([0, 1, 2, 3], 6, set(), GREEDY, jax.random.key(0))
+    assert [a[r].tokens for r in range(4)] == [b[r].tokens for r in range(4)]
+    for r in range(4):
+        np.testing.assert_allclose(a[r].logprobs, b[r].logprobs, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ Pure functions at the core:
       appends each row's first num_new[b] tokens at that row's current length
       (rows with num_new = 0 are untouched: this is the incremental, multi-turn
       prefill; a row's earlier tokens are never recomputed);
+  prefill_rows(params, cache, rows [n], tokens [n,T], num_new [n]) -> cache, last_logits [n,V]
+      the same on the listed rows alone (a freed row's next prompt costs one row's
+      forward, not the batch's);
   decode(params, cache, last_logits, ...) -> cache, tokens [B,N], logprobs [B,N], counts [B]
       samples until every active row hit a stop token or its max new tokens.
 Every sampled token (stop tokens included) is written to the cache, so the next
@@ -97,6 +100,21 @@ def _sample(rng, logits, sp: SamplingParams):
 @partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
 def prefill(graphdef, params, cache: KVCache, tokens, num_new, *, attend_len: int):
     """Append tokens[b, :num_new[b]] to each row. Returns (cache, logits at each row's last new token)."""
+    return _prefill(graphdef, params, cache, tokens, num_new, attend_len)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
+def prefill_rows(graphdef, params, cache: KVCache, rows, tokens, num_new, *, attend_len: int):
+    """`prefill` on the cache rows `rows` [n] (distinct) alone: tokens [n, T], num_new [n].
+    The other rows are neither read nor computed, so a prompt for one new row costs one
+    row's forward, not the whole batch's. Returns (cache, last logits [n, V])."""
+    sub = KVCache(cache.k[:, rows], cache.v[:, rows], cache.lengths[rows])
+    sub, last = _prefill(graphdef, params, sub, tokens, num_new, attend_len)
+    return KVCache(cache.k.at[:, rows].set(sub.k), cache.v.at[:, rows].set(sub.v),
+                   cache.lengths.at[rows].set(sub.lengths)), last
+
+
+def _prefill(graphdef, params, cache: KVCache, tokens, num_new, attend_len: int):
     model = nnx.merge(graphdef, params)
     t = tokens.shape[1]
     offs = jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -237,7 +255,7 @@ class Sampler:
     def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
                  min_prefill: int = 16, min_attend: int = 128, unroll_layers: bool | None = None,
                  decode_chunk: int = 64, prefill_chunk: int = PREFILL_CHUNK,
-                 merge_adapters: bool = True):
+                 merge_adapters: bool = True, row_prefill: bool = True):
         if max_len <= 0 or batch <= 0:
             raise ValueError("batch and max_len must be positive")
         if decode_chunk and (decode_chunk < 8 or decode_chunk & (decode_chunk - 1)):
@@ -247,6 +265,7 @@ class Sampler:
             raise ValueError(f"prefill_chunk must be a power of two >= 16, got {prefill_chunk}")
         self.decode_chunk, self.prefill_chunk = decode_chunk, prefill_chunk
         self.merge_adapters = merge_adapters   # LoRA merged into the unrolled decode's copy
+        self.row_prefill = row_prefill         # prefill only the rows that get tokens
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
@@ -345,22 +364,41 @@ class Sampler:
                            for r, t in new_tokens.items() if len(t) > start})
 
     def _prefill(self, new_tokens: dict[int, list]) -> None:
-        """One prefill call: each row's tokens (at most prefill_chunk) at its end."""
+        """One prefill call: each row's tokens (at most prefill_chunk) at its end. When
+        the rows that have tokens fill at most half of the batch (a new task starting
+        in a freed row while the others wait), only they are computed (`prefill_rows`,
+        their count bucketed to a power of two; unsharded caches)."""
         longest = max(len(t) for t in new_tokens.values())
         t = bucket(longest, self.min_prefill, self.max_len)
-        arr = np.zeros((self.batch, t), np.int32)
-        num = np.zeros(self.batch, np.int32)
-        for r, toks in new_tokens.items():
-            arr[r, :len(toks)] = toks
-            num[r] = len(toks)
-        attend = self._attend(int((self.lengths + num).max()))
-        self._note_shape(("prefill", self.batch, t, attend))
+        n = bucket(len(new_tokens), 1)
+        if self.row_prefill and self.mesh is None and 2 * n <= self.batch:
+            # padded with rows that get no tokens: distinct, so the scatter back is exact
+            rows = sorted(new_tokens)
+            rows += [r for r in range(self.batch) if r not in new_tokens][:n - len(rows)]
+        else:
+            rows = list(range(self.batch))
+        arr = np.zeros((len(rows), t), np.int32)
+        num = np.zeros(len(rows), np.int32)
+        for i, r in enumerate(rows):
+            toks = new_tokens.get(r, ())
+            arr[i, :len(toks)] = toks
+            num[i] = len(toks)
+        idx = np.asarray(rows)
+        attend = self._attend(int((self.lengths[idx] + num).max()))
+        self._note_shape(("prefill", len(rows), t, attend))
         graphdef, params = self.policy.split()
-        self.cache, last = prefill(graphdef, params, self.cache, self._rows(arr), self._rows(num),
-                                   attend_len=attend)
-        upd = self._rows(num > 0)[:, None]
-        self.last_logits = jnp.where(upd, last, self.last_logits)
-        self.lengths += num
+        if len(rows) < self.batch:
+            self.cache, last = prefill_rows(graphdef, params, self.cache, idx, arr, num,
+                                            attend_len=attend)
+            upd = jnp.asarray(num > 0)[:, None]
+            self.last_logits = self.last_logits.at[idx].set(
+                jnp.where(upd, last, self.last_logits[idx]))
+        else:
+            self.cache, last = prefill(graphdef, params, self.cache, self._rows(arr),
+                                       self._rows(num), attend_len=attend)
+            upd = self._rows(num > 0)[:, None]
+            self.last_logits = jnp.where(upd, last, self.last_logits)
+        self.lengths[idx] += num
 
     def generate(self, rows: Sequence[int], max_new_tokens, stop_tokens, sampling: SamplingParams,
                  rng) -> dict[int, Generation]:
