@@ -95,12 +95,13 @@ def main(argv=None):
 
     pure = _pure_decode(policy, args.tasks, repeats)
     refill = _refill(policy, args.tasks, max_len, repeats)
-    print(f"a new prompt in 1 of {refill['rows']} rows ({refill['prompt']} tokens; the others "
-          f"hold {refill['held']}): {refill['row_s']['median'] * 1e3:.1f} ms prefilling that row "
-          f"alone, {refill['batch_s']['median'] * 1e3:.1f} ms the whole batch: "
-          f"{refill['speedup']['median']:.2f}x", flush=True)
-    print(f"pure decode, batch {args.tasks}, {PURE_PROMPT}-token prompt, {PURE_NEW} new tokens: "
-          f"{pure['tokens_per_s']['median']:.1f} tokens/s", flush=True)
+    for k, what in (("prefill", f"prefilling a {refill['prompt']}-token prompt"),
+                    ("decode", f"decoding {refill['new_tokens']} tokens")):
+        f = refill[k]
+        print(f"1 of {refill['rows']} rows taking part (the others hold {refill['held']} "
+              f"tokens), {what}: {f['row_s']['median'] * 1e3:.1f} ms that row alone, "
+              f"{f['batch_s']['median'] * 1e3:.1f} ms the whole batch: "
+              f"{f['speedup']['median']:.2f}x", flush=True)
     ref = _tokens(first["kept"]["rollouts"])
     runs = [first["reprefill"]] + timed["kept"] + timed["reprefill"]
     same = [_tokens(r["rollouts"]) == ref for r in runs]
@@ -200,39 +201,53 @@ def _pure_decode(policy, rows: int, repeats: int) -> dict:
 
 
 def _refill(policy, rows: int, max_len: int, repeats: int) -> dict:
-    """A freed row starting its next task (more rollouts than rows): one row of `rows` gets a
-    prompt of 3/8 of the cache while the others hold half of it each. Time of that
-    append with only the new row computed (Sampler's default) and with the whole batch
-    (row_prefill=False), alternating; the same last logits either way."""
+    """One row taking part while the other rows of `rows` wait, each holding half of the
+    cache: (1) a freed row starting its next task (more rollouts than rows), a prompt of
+    3/8 of the cache; (2) the last row still generating (the tail of a rollout phase),
+    TAIL_NEW tokens from there. Time of each with only that row computed (Sampler's
+    default) and with the whole batch (row_subsets=False), alternating; the same logits
+    and tokens either way."""
     import jax
     import numpy as np
 
-    from supo_jax.sampling.sampler import Sampler
+    from supo_jax.sampling.sampler import Sampler, SamplingParams
 
     v = policy.config.vocab_size - 1
     n_held, n_prompt = max_len // 2, max_len * 3 // 8
     held = {r: [(5 * i + r) % v + 1 for i in range(n_held)] for r in range(rows)}
     prompt = [(3 * i) % v + 1 for i in range(n_prompt)]
+    greedy = SamplingParams(temperature=0.0)
     samplers = {}
-    for row_prefill in (True, False):
-        s = samplers[row_prefill] = Sampler(policy, rows, max_len, row_prefill=row_prefill)
+    for row_subsets in (True, False):
+        s = samplers[row_subsets] = Sampler(policy, rows, max_len, row_subsets=row_subsets)
         s.append(held)
-    times = {True: [], False: []}
+    times = {(k, p): [] for k in ("prefill", "decode") for p in (True, False)}
+    tokens = {}
     for i in range(repeats + 2):            # two warm-up rounds (the second still compiles)
-        for row_prefill, s in samplers.items():
+        for row_subsets, s in samplers.items():
             s.reset(0, 0)
             t0 = time.perf_counter()
             s.append({0: prompt})
             jax.block_until_ready((s.cache, s.last_logits))
+            t1 = time.perf_counter()
+            out = s.generate([0], TAIL_NEW, set(), greedy, jax.random.key(0))
+            t2 = time.perf_counter()
+            tokens[row_subsets] = out[0].tokens
             if i >= 2:
-                times[row_prefill].append(time.perf_counter() - t0)
+                times["prefill", row_subsets].append(t1 - t0)
+                times["decode", row_subsets].append(t2 - t1)
     diff = float(np.abs(np.asarray(samplers[True].last_logits)
                         - np.asarray(samplers[False].last_logits)).max())
-    return {"rows": rows, "held": n_held, "prompt": n_prompt,
-            "row_s": common.stats(times[True]), "batch_s": common.stats(times[False]),
-            "speedup": common.stats(b / a for a, b in zip(times[True], times[False])),
-            "max_logit_diff": diff}
+    out = {"rows": rows, "held": n_held, "prompt": n_prompt, "new_tokens": TAIL_NEW,
+           "max_logit_diff": diff, "same_tokens": tokens[True] == tokens[False]}
+    for k in ("prefill", "decode"):
+        a, b = times[k, True], times[k, False]
+        out[k] = {"row_s": common.stats(a), "batch_s": common.stats(b),
+                  "speedup": common.stats(y / x for x, y in zip(a, b))}
+    return out
 
+
+TAIL_NEW = 64
 
 
 def limits(res: dict) -> str:
@@ -288,14 +303,21 @@ identical rollouts (every segment's token ids): **{'yes' if r['identical_rollout
 
 
 def _refill_md(f) -> str:
-    if not f:
+    if not f or "decode" not in f:
         return ""
+    p, d = f["prefill"], f["decode"]
+    x = lambda s: f"**{s['median']:.2f}x** ({s['min']:.2f}-{s['max']:.2f}x)"
     return f"""
-A freed row starting its next task (more rollouts than rows): a {f['prompt']}-token prompt in 1
-of {f['rows']} rows while the others hold {f['held']} tokens. Prefilling that row alone (the
-sampler's default) takes {f['row_s']['median'] * 1e3:.1f} ms, the whole batch
-{f['batch_s']['median'] * 1e3:.1f} ms: **{f['speedup']['median']:.2f}x** ({f['speedup']['min']:.2f}-{f['speedup']['max']:.2f}x over
-{f['speedup']['n']} rounds; last logits within {f['max_logit_diff']:.1e}).
+One row of {f['rows']} taking part while the others wait, holding {f['held']} tokens each; the
+sampler computes that row alone (its default) or the whole batch (`row_subsets=False`),
+median of {p['speedup']['n']} rounds:
+
+| the one row | that row alone (ms) | whole batch (ms) | speedup |
+|---|---|---|---|
+| a freed row's next prompt: prefill {f['prompt']} tokens | {p['row_s']['median'] * 1e3:.1f} | {p['batch_s']['median'] * 1e3:.1f} | {x(p['speedup'])} |
+| the last row generating: decode {f['new_tokens']} tokens | {d['row_s']['median'] * 1e3:.1f} | {d['batch_s']['median'] * 1e3:.1f} | {x(d['speedup'])} |
+
+The same tokens: {'yes' if f['same_tokens'] else 'no'}; last logits within {f['max_logit_diff']:.1e}.
 """
 
 

@@ -67,9 +67,12 @@ def test_rollout_fields(results):
     assert r["identical_rollouts"] is True
     # the kept cache prefills less than re-prefilling every whole request
     assert r["variants"]["kept"]["prefilled_tokens"] < r["variants"]["reprefill"]["prefilled_tokens"]
-    # a freed row's prompt: that row alone prefilled, the same logits as the whole batch's
-    _stats(r["refill"]["speedup"])
+    # one row taking part (a freed row's prompt, the last row generating): that row alone
+    # computed, the same logits and tokens as the whole batch's
+    for k in ("prefill", "decode"):
+        _stats(r["refill"][k]["speedup"])
     assert r["refill"]["rows"] == 2 and r["refill"]["max_logit_diff"] < 1e-3
+    assert r["refill"]["same_tokens"] is True
 
 
 def test_horizon_fields(results):

@@ -71,7 +71,7 @@ def test_prefill_of_a_few_rows_computes_only_them(policy):
     rs = np.random.RandomState(4)
     first = {r: _ids(rs, n) for r, n in enumerate((30, 12, 25, 7))}
     late, more = _ids(rs, 40), {1: _ids(rs, 6), 3: _ids(rs, 9)}
-    subset, whole = Sampler(policy, 4, 128), Sampler(policy, 4, 128, row_prefill=False)
+    subset, whole = Sampler(policy, 4, 128), Sampler(policy, 4, 128, row_subsets=False)
     for s in (subset, whole):
         s.append(first)
         s.generate([0, 1, 2, 3], 4, set(), GREEDY, jax.random.key(0))
@@ -96,6 +96,37 @@ def test_prefill_of_a_few_rows_computes_only_them(policy):
     assert [a[r].tokens for r in range(4)] == [b[r].tokens for r in range(4)]
     for r in range(4):
         np.testing.assert_allclose(a[r].logprobs, b[r].logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_decode_of_a_few_rows_runs_only_them(policy, unroll):
+    """3 of 8 rows generating: decode runs on 4 rows (the 3 and an idle one, whose context is
+    longer than the span attended); tokens and logprobs, greedy and sampled, equal the
+    whole batch's, and the rows outside the 3 keep their cache exactly."""
+    rs = np.random.RandomState(6)
+    lens = (90, 9, 40, 30, 14, 25, 5, 60)
+    prompts = {r: _ids(rs, n) for r, n in enumerate(lens)}
+    kw = dict(min_attend=16, unroll_layers=unroll)
+    subset, whole = Sampler(policy, 8, 128, **kw), Sampler(policy, 8, 128, row_subsets=False, **kw)
+    for s in (subset, whole):
+        s.append(prompts)
+    before = np.asarray(subset.cache.k).copy()
+    for sp in (GREEDY, SamplingParams(temperature=1.0)):
+        a = subset.generate([1, 4, 6], 9, set(), sp, jax.random.key(3))
+        b = whole.generate([1, 4, 6], 9, set(), sp, jax.random.key(3))
+        assert [a[r].tokens for r in (1, 4, 6)] == [b[r].tokens for r in (1, 4, 6)]
+        for r in (1, 4, 6):
+            np.testing.assert_allclose(a[r].logprobs, b[r].logprobs, atol=1e-4)
+    assert {k[1] for k in subset.shapes_compiled if k[0] == "decode"} == {4}
+    assert {k[3] for k in subset.shapes_compiled if k[0] == "decode"} == {24, 32}  # < 90
+    k = np.asarray(subset.cache.k)
+    idle = [0, 2, 3, 5, 7]
+    np.testing.assert_array_equal(k[:, idle], before[:, idle])
+    np.testing.assert_allclose(k, np.asarray(whole.cache.k), rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(subset.lengths, whole.lengths)
+    np.testing.assert_array_equal(np.asarray(subset.cache.lengths), whole.lengths)
+    np.testing.assert_allclose(np.asarray(subset.last_logits), np.asarray(whole.last_logits),
+                               atol=1e-4)
 
 
 @pytest.mark.slow

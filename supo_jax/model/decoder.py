@@ -111,6 +111,18 @@ class KVCache:
         cut = lambda a: tuple(a[i, :, :, :span] for i in range(a.shape[0]))
         return KVCache(tuple(k.swapaxes(-1, -2) for k in cut(self.k)), cut(self.v), self.lengths)
 
+    def take_rows(self, rows, span: int) -> "KVCache":
+        """Rows `rows` [n] (distinct) and their first `span` slots, as a stacked cache of n
+        rows and `span` slots (what decode runs on when few rows take part)."""
+        return KVCache(self.k[:, rows, :, :span], self.v[:, rows, :, :span], self.lengths[rows])
+
+    def put_rows(self, rows, part: "KVCache") -> "KVCache":
+        """This stacked cache with `part` (take_rows' result, updated) written back."""
+        span = part.max_len
+        return KVCache(self.k.at[:, rows, :, :span].set(part.k),
+                       self.v.at[:, rows, :, :span].set(part.v),
+                       self.lengths.at[rows].set(part.lengths))
+
     def merge_layers(self, part: "KVCache") -> "KVCache":
         """This stacked cache with its first slots replaced by `part`'s per-layer arrays.
 

@@ -7,7 +7,7 @@ Pure functions at the core:
       prefill; a row's earlier tokens are never recomputed);
   prefill_rows(params, cache, rows [n], tokens [n,T], num_new [n]) -> cache, last_logits [n,V]
       the same on the listed rows alone (a freed row's next prompt costs one row's
-      forward, not the batch's);
+      forward, not the batch's; decode(rows=...) likewise runs the rows still generating);
   decode(params, cache, last_logits, ...) -> cache, tokens [B,N], logprobs [B,N], counts [B]
       samples until every active row hit a stop token or its max new tokens.
 Every sampled token (stop tokens included) is written to the cache, so the next
@@ -108,10 +108,9 @@ def prefill_rows(graphdef, params, cache: KVCache, rows, tokens, num_new, *, att
     """`prefill` on the cache rows `rows` [n] (distinct) alone: tokens [n, T], num_new [n].
     The other rows are neither read nor computed, so a prompt for one new row costs one
     row's forward, not the whole batch's. Returns (cache, last logits [n, V])."""
-    sub = KVCache(cache.k[:, rows], cache.v[:, rows], cache.lengths[rows])
-    sub, last = _prefill(graphdef, params, sub, tokens, num_new, attend_len)
-    return KVCache(cache.k.at[:, rows].set(sub.k), cache.v.at[:, rows].set(sub.v),
-                   cache.lengths.at[rows].set(sub.lengths)), last
+    sub, last = _prefill(graphdef, params, cache.take_rows(rows, attend_len), tokens, num_new,
+                         attend_len)
+    return cache.put_rows(rows, sub), last
 
 
 def _prefill(graphdef, params, cache: KVCache, tokens, num_new, attend_len: int):
@@ -149,11 +148,14 @@ class DecodeState:
 @partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp", "unroll_layers"),
          donate_argnames=("cache",))
 def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
-           step0=0, layers=None, *, steps: int, attend_len: int, sp: SamplingParams,
+           step0=0, layers=None, rows=None, *, steps: int, attend_len: int, sp: SamplingParams,
            unroll_layers: bool = False):
     """Sample up to `steps` tokens for active rows.
 
     active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
+    rows: None, or [n] distinct row indices holding every active row: the model then runs
+    on those n rows alone (the others are neither read nor computed); sampling still draws
+    for all B rows from the same keys, so the tokens do not depend on `rows`.
     step0: the index of this call's first step within the whole generation: step i
     samples with fold_in(rng, step0 + i), so a generation cut into several calls draws
     the same tokens as one call.
@@ -173,6 +175,9 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         layers = model.layer_weights()                          # cut once, outside the loop
     rope = model.rope_table(attend_len)                         # once, outside the loop
     full = cache
+    if rows is not None:
+        cache = cache.take_rows(rows, attend_len)               # the taking part rows' span
+    base = cache
     if unroll_layers:
         cache = cache.split_layers(attend_len)                 # per-layer caches, once
 
@@ -184,13 +189,17 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         live = ~s.done
         counts = s.counts + live
         stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
-        pos = jnp.where(live, s.cache.lengths, s.cache.max_len)[:, None]
-        new_logits, cache = model(tok[:, None], pos, cache=s.cache, attend_len=attend_len,
+        run, ids = (live, tok) if rows is None else (live[rows], tok[rows])
+        pos = jnp.where(run, s.cache.lengths, s.cache.max_len)[:, None]
+        new_logits, cache = model(ids[:, None], pos, cache=s.cache, attend_len=attend_len,
                                   layer_weights=layers, rope_table=rope)
+        new_logits = new_logits[:, 0]
+        if rows is not None:     # rows outside `rows` are never live
+            new_logits = s.logits.at[rows].set(new_logits)
         return DecodeState(
             step=s.step + 1,
-            cache=dataclasses.replace(cache, lengths=cache.lengths + live),
-            logits=jnp.where(live[:, None], new_logits[:, 0], s.logits),
+            cache=dataclasses.replace(cache, lengths=cache.lengths + run),
+            logits=jnp.where(live[:, None], new_logits, s.logits),
             tokens=s.tokens.at[:, s.step].set(jnp.where(live, tok, 0)),
             logprobs=s.logprobs.at[:, s.step].set(jnp.where(live, lp, 0.0)),
             done=s.done | stop | (counts >= max_new),
@@ -203,7 +212,9 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     s = jax.lax.while_loop(cond, body, init)
     cache, logits, toks, lps, counts = s.cache, s.logits, s.tokens, s.logprobs, s.counts
     if unroll_layers:
-        cache = full.merge_layers(cache)
+        cache = base.merge_layers(cache)
+    if rows is not None:
+        cache = full.put_rows(rows, cache)
     return cache, logits, toks, lps, counts
 
 
@@ -255,7 +266,7 @@ class Sampler:
     def __init__(self, policy: Policy, batch: int, max_len: int, *, cache_dtype=None,
                  min_prefill: int = 16, min_attend: int = 128, unroll_layers: bool | None = None,
                  decode_chunk: int = 64, prefill_chunk: int = PREFILL_CHUNK,
-                 merge_adapters: bool = True, row_prefill: bool = True):
+                 merge_adapters: bool = True, row_subsets: bool = True):
         if max_len <= 0 or batch <= 0:
             raise ValueError("batch and max_len must be positive")
         if decode_chunk and (decode_chunk < 8 or decode_chunk & (decode_chunk - 1)):
@@ -265,7 +276,8 @@ class Sampler:
             raise ValueError(f"prefill_chunk must be a power of two >= 16, got {prefill_chunk}")
         self.decode_chunk, self.prefill_chunk = decode_chunk, prefill_chunk
         self.merge_adapters = merge_adapters   # LoRA merged into the unrolled decode's copy
-        self.row_prefill = row_prefill         # prefill only the rows that get tokens
+        # prefill and decode only the rows that take part when they are at most half the batch
+        self.row_subsets = row_subsets
         self.policy = policy
         self.batch, self.max_len = batch, max_len
         self.min_prefill, self.min_attend = min_prefill, min_attend
@@ -363,6 +375,18 @@ class Sampler:
             self._prefill({r: t[start:start + self.prefill_chunk]
                            for r, t in new_tokens.items() if len(t) > start})
 
+    def _subset(self, taking_part) -> np.ndarray | None:
+        """The rows a prefill or decode call runs on when the rows taking part are at most
+        half of the batch: those rows, their count bucketed to a power of two and padded
+        with rows that take no part (distinct, so the scatter back is exact); None (the
+        whole batch) otherwise, or on a sharded cache."""
+        n = bucket(len(taking_part), 1)
+        if not self.row_subsets or self.mesh is not None or 2 * n > self.batch:
+            return None
+        rows = sorted(taking_part)
+        rows += [r for r in range(self.batch) if r not in taking_part][:n - len(rows)]
+        return np.asarray(rows, np.int32)
+
     def _prefill(self, new_tokens: dict[int, list]) -> None:
         """One prefill call: each row's tokens (at most prefill_chunk) at its end. When
         the rows that have tokens fill at most half of the batch (a new task starting
@@ -370,13 +394,8 @@ class Sampler:
         their count bucketed to a power of two; unsharded caches)."""
         longest = max(len(t) for t in new_tokens.values())
         t = bucket(longest, self.min_prefill, self.max_len)
-        n = bucket(len(new_tokens), 1)
-        if self.row_prefill and self.mesh is None and 2 * n <= self.batch:
-            # padded with rows that get no tokens: distinct, so the scatter back is exact
-            rows = sorted(new_tokens)
-            rows += [r for r in range(self.batch) if r not in new_tokens][:n - len(rows)]
-        else:
-            rows = list(range(self.batch))
+        sub = self._subset(new_tokens)
+        rows = list(range(self.batch)) if sub is None else sub.tolist()
         arr = np.zeros((len(rows), t), np.int32)
         num = np.zeros(len(rows), np.int32)
         for i, r in enumerate(rows):
@@ -443,11 +462,13 @@ class Sampler:
             for r, n in left.items():
                 active[r], max_new[r] = True, min(n, steps)
             attend = self._attend(int(max(self.lengths[r] + max_new[r] for r in left)))
-            self._note_shape(("decode", self.batch, steps, attend, sampling))
+            sub = self._subset(left)
+            self._note_shape(("decode", len(sub) if sub is not None else self.batch, steps,
+                              attend, sampling))
             self.cache, self.last_logits, toks, lps, counts = decode(
                 graphdef, params, self.cache, self.last_logits, rng, self._rows(active),
-                self._rows(max_new), self._rows(stop_ids), np.int32(step0), layers, steps=steps,
-                attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
+                self._rows(max_new), self._rows(stop_ids), np.int32(step0), layers, sub,
+                steps=steps, attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
             toks, lps, counts = (host_array(x) for x in (toks, lps, counts))
             self.lengths += counts
             step0 += steps
