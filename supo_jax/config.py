@@ -77,6 +77,11 @@ class RolloutSection:
     # group whose advantages are all 0 (its counted rollouts all alike) is dropped, and up to k
     # rounds of tasks_per_step tasks are sampled until tasks_per_step groups carry an advantage
     dynamic_rounds: int = 0
+    # the sampler's tensor groups (supo_jax.model.serving): rollouts run on the training
+    # devices as (n / tensor groups) x (tensor chips), each group holding the weights split
+    # over its chips and its share of the rows; 0 = the fewest chips a group whose weights
+    # fit beside the training state (1 on CPU)
+    tensor: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,6 +378,9 @@ def validate(cfg: Config) -> Config:
                           "train.sft_warm_start=false)")
     if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
         raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
+    if cfg.rollout.tensor < 0:
+        raise ConfigError(f"rollout.tensor={cfg.rollout.tensor}: the sampler's tensor-group size "
+                          "is a positive divisor of the device count, or 0 (chosen by memory)")
     if cfg.optim.minibatch_rows % cfg.optim.micro:
         raise ConfigError(f"optim.minibatch_rows={cfg.optim.minibatch_rows} is not a multiple of "
                           f"optim.micro={cfg.optim.micro}")

@@ -20,7 +20,7 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     from supo_jax.config import load_config
     from supo_jax.envs import make_tasks
     from supo_jax.rl.multihost import make_run_mesh
-    from supo_jax.rl.runs import build_policy
+    from supo_jax.rl.runs import build_policy, serving_policy
     from supo_jax.rl.trainer import rollout_batch
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +34,8 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rollouts_{jax.process_index()}.json"), "w") as f:
         json.dump({"mesh": dict(mesh.shape) if mesh else None,
+                   "serving_mesh": dict(m.shape) if (m := serving_policy(
+                       cfg, policy, cfg.rollout.rows, 64).mesh) else None,
                    "processes": jax.process_count(), "devices": jax.device_count(),
                    "rollouts": [r.to_json() for r in ro]}, f)
 

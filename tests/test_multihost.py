@@ -3,12 +3,12 @@
 Two `supo-jax train` processes (one CPU device each, JAX_PLATFORMS=cpu, a local
 coordinator through SUPO_JAX_COORDINATOR / SUPO_JAX_NUM_PROCESSES / SUPO_JAX_PROCESS_ID)
 share one global mesh: the tiny policy is sharded over both processes' devices, both sample
-every step's rollouts on that mesh (each stepping its own rows' environments), and both
+every step's rollouts on a serving layout of those devices (each stepping its own rows' environments), and both
 take two train steps together. They must report the same losses, process 0 alone must write
 the logs, and the Orbax checkpoint written collectively must restore in a single process to
 the exported weights.
 
-Sampling on the training mesh (tests/rollout_worker.py): the same rollouts from 2 processes
+Sampling on the serving layout (tests/rollout_worker.py): the same rollouts from 2 processes
 x 4 devices, 1 process x 8 devices and 1 process x 1 device.
 """
 import ast
@@ -84,8 +84,12 @@ def two_process_run(tmp_path_factory):
 
 
 # 6 tasks x 2 samples on 8 sampler rows (rows are reused), 8 turns with summaries, T = 1
+# two kv heads, so that the serving layout can split them over tensor groups of 2 chips
 ROLLOUT_SETS = ["rollout.tasks_per_step=6", "rollout.group_size=2", "rollout.rows=8",
-                "context.max_steps=8"]
+                "context.max_steps=8", "model.tiny_kv_heads=2"]
+# (processes, devices each) -> the sampler's tensor groups: 1 process x 8 devices the default
+# (groups of one device on CPU), 2 processes x 4 devices groups of 2 devices
+TENSOR = {(1, 1): 0, (1, 8): 0, (2, 4): 2}
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +100,8 @@ def mesh_rollouts(tmp_path_factory):
     got = {}
     for n, d in [(1, 1), (1, 8), (2, 4)]:
         out = str(base / f"{n}x{d}")
-        _processes([sys.executable, "-m", "tests.rollout_worker", run_dir, out] + ROLLOUT_SETS,
-                   n, d)
+        _processes([sys.executable, "-m", "tests.rollout_worker", run_dir, out] + ROLLOUT_SETS
+                   + [f"rollout.tensor={TENSOR[n, d]}"], n, d)
         got[n, d] = []
         for i in range(n):
             with open(os.path.join(out, f"rollouts_{i}.json")) as f:
@@ -116,14 +120,17 @@ def _logprobs(rollouts):
                        for lp in s["logprobs"]])
 
 
-def test_sampling_on_the_training_mesh_matches_one_process(mesh_rollouts):
-    """2 processes x 4 devices decode on one 8-device mesh (no per-process copy) and each
-    steps its own rows' environments: every process returns the same rollouts, and they
-    are those of one process on 8 devices and on 1 device (tokens, transcripts, rewards,
-    summaries; logprobs to float rounding: the programs are partitioned differently)."""
+def test_sampling_on_the_serving_layout_matches_one_process(mesh_rollouts):
+    """2 processes x 4 devices decode on one 8-device serving layout (4 groups of 2 chips,
+    no per-process copy) and each steps its own rows' environments: every process returns
+    the same rollouts, and they are those of one process on 8 devices (8 groups of one
+    chip) and on 1 device (tokens, transcripts, rewards, summaries; logprobs to float
+    rounding: the programs are partitioned differently)."""
     (one,), (eight,), two = (mesh_rollouts[k] for k in [(1, 1), (1, 8), (2, 4)])
     assert two[0]["processes"] == 2 and two[0]["devices"] == 8
     assert two[0]["mesh"] == eight["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert two[0]["serving_mesh"] == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert eight["serving_mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
     assert one["mesh"] is None
     assert two[0]["rollouts"] == two[1]["rollouts"]
     ref = one["rollouts"]

@@ -9,6 +9,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 from jax.sharding import Mesh
 
 from supo_jax.config import Config, ConfigError, ModelSection, config_changes, saved_config
@@ -279,6 +280,40 @@ def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None
                    os.path.join(run_dir, f"config.step{max(steps)}.json"))
         print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
               f"config is kept as config.step{max(steps)}.json")
+
+
+def serving_policy(cfg: Config, policy: Policy, rows: int, max_len: int) -> Policy:
+    """The policy on its serving layout for one rollout phase (supo_jax.model.serving):
+    tensor groups of rollout.tensor chips, or (0) of the fewest chips whose share of the
+    weights fits beside what the devices already hold (the training state: their
+    allocator's bytes in use) and a KV cache of `rows` x `max_len` slots. Devices without
+    memory statistics (CPU) take groups of one chip. One line (ConfigError) for a size the
+    devices or the model cannot take."""
+    from supo_jax.model.serving import auto_tensor, check_tensor, serving_bytes, to_serving
+
+    if policy.mesh is None:
+        return policy
+    mc, n = policy.config, policy.mesh.devices.size
+    tensor = cfg.rollout.tensor
+    if tensor == 0:
+        try:
+            stats = policy.mesh.devices.flat[0].memory_stats() or {}
+        except Exception:     # noqa: BLE001  (backends without memory statistics)
+            stats = {}
+        if "bytes_limit" not in stats:
+            tensor = 1
+        else:
+            item = np.dtype(policy.model.dtype).itemsize
+            cache = 2 * mc.num_layers * rows * mc.num_kv_heads * max_len * mc.head_dim * item
+            tensor = auto_tensor(mc, n, weight_bytes=serving_bytes(policy.split()[1],
+                                                                   policy.model.dtype),
+                                 other_bytes=stats.get("bytes_in_use", 0) + cache // n,
+                                 hbm_bytes=stats["bytes_limit"])
+    try:
+        check_tensor(tensor, mc, n)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return to_serving(policy, tensor)
 
 
 def sampler_rows(cfg: Config, rollouts: int, mesh) -> int:

@@ -48,7 +48,7 @@ from supo_jax.rl.metrics import MetricsLog, eval_row, progress_bar, summarize_sc
 from supo_jax.rl.multihost import ProcessPeers, barrier, is_main, make_run_mesh, place_batch
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               load_configured_policy, model_fingerprint, row_len,
-                              sampler_rows, save_policy)
+                              sampler_rows, save_policy, serving_policy)
 from supo_jax.rl.train_step import (join_trainable, learning_rate, make_optimizer,
                                     recompute_logprobs, split_trainable, train_step, trainable)
 from supo_jax.sampling.sampler import SamplingParams
@@ -65,9 +65,9 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
 
     Multi-process (jax.process_count() = P > 1): every process calls this with the same
     tasks and seed and runs the same rollout driver over all rollout.rows sampler rows, on
-    the policy as it is sharded for training (no per-process copy): one global prefill or
-    decode call at a time, the KV cache's rows over the mesh's batch axes and its kv heads
-    over the tensor axis. Process p resets and steps the environments of the rows it owns
+    the policy's serving layout over the same devices (supo_jax.model.serving; no
+    per-process copy): one global prefill or decode call at a time, the KV cache's rows
+    over its groups and its kv heads over each group's chips. Process p resets and steps the environments of the rows it owns
     (ProcessPeers: slot % P == p) and shares their outcomes, so every process returns the
     same rollouts, equal to a single process's for the same seed; advantages, batches and
     metrics are then computed identically everywhere and each process feeds the train step
@@ -80,6 +80,8 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
     max_len = ctx.row_bound(fmt)
     g = group_size or r.group_size
+    # sampled on the serving layout (a copy freed with the sampler, before the update)
+    policy = serving_policy(cfg, policy, min(r.rows, len(tasks) * g), max_len)
     rows = sampler_rows(cfg, len(tasks) * g, policy.mesh)
     actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
     out = run_rollouts(actor, lambda: make_env(cfg.env.name), tasks, fmt, ctx, group_size=g,
@@ -270,7 +272,7 @@ def open_run(cfg: Config) -> Run:
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()}: mesh "
               f"{dict(mesh.shape) if mesh else None} over {jax.device_count()} devices; "
-              f"sampling on the training mesh; this process steps the environments of rows "
+              f"sampling on a serving layout of the same devices; this process steps the environments of rows "
               f"{jax.process_index()}, {jax.process_index() + jax.process_count()}, ...",
               flush=True)
     policy = build_policy(cfg, run_dir, mesh)
