@@ -78,9 +78,9 @@ def plan_setup(name: str, smoke: bool = False) -> list[dict]:
             topo_sets = sets + fit_batch(cfg, len(tpu_devices(topology)))
             cfg = load_config(os.path.join(CONFIGS, config), topo_sets)
             rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
-                       host_copy=name == "codegym")
+                       training_layout=True)
             rows.append({"setup": name, "what": what, "generation": gen, **rep,
-                         "overrides": topo_sets, "tokens_per_second_per_chip": _rates(rep)})
+                         "overrides": topo_sets})
             print(f"{name} {topology}: {'fits' if rep['fits'] else 'does not fit'} "
                   + ", ".join(f"{k} {_gib(p)}" for k, p in rep["programs"].items()), flush=True)
             if rep["fits"]:
@@ -90,17 +90,6 @@ def plan_setup(name: str, smoke: bool = False) -> list[dict]:
 
 def _gib(p: dict) -> str:
     return p.get("error", "")[:60] or f"{p['bytes_per_chip']['total'] / 2**30:.2f} GiB"
-
-
-def _rates(rep: dict) -> dict:
-    """Training and rollout tokens a second a chip from the roofline times."""
-    s, p, chips = rep["shapes"], rep["programs"], rep["chips"]
-    out = {}
-    if "estimated_seconds" in p.get("train_step", {}):
-        out["train"] = s["minibatch_rows"] * s["row_len"] / p["train_step"]["estimated_seconds"] / chips
-    if "estimated_seconds" in p.get("decode", {}):
-        out["rollout"] = s["sampler_rows"] * s["decode_steps"] / p["decode"]["estimated_seconds"] / chips
-    return out
 
 
 def main(argv=None):
@@ -133,47 +122,60 @@ def main(argv=None):
 
 
 def markdown(res: dict) -> str:
-    out = ["Verified by compilation: libtpu describes each slice and XLA compiles the run's own "
-           "programs for it on this CPU host; nothing ran on a TPU. Bytes are XLA's per-chip "
-           "memory (arguments + outputs - donated + temporaries + code) against the chip's HBM; "
-           "times are rooflines (max of FLOPs / peak bf16 FLOP/s and bytes accessed / HBM "
-           "bandwidth), not measurements. Tokens a second a chip: training, one minibatch's "
-           "tokens over the train step's time; rollouts, the sampler rows' decode tokens over "
-           "the decode chunk's time. Prefill: the longest prefill call (4096 tokens a row). "
-           "Per-host copy: the decode of one host's share of the rows on that host's chips "
-           "alone, as a per-process copy of the policy would need it (sampling runs on the "
-           "training mesh instead). (+N host): memory kept in the host's RAM a chip (remat "
-           "offload), not in HBM. Each setup is tried on a generation's slices smallest "
-           "first, until one fits; overrides are the settings changed to fit a slice.", "",
-           "| setup | slice | chips | fits | train step GiB / chip | prefill GiB / chip | "
-           "decode GiB / chip | decode, per-host copy GiB / chip | trained (params; optimizer "
-           "state, whole slice) | train step TFLOP / chip | train step ms | train tok/s/chip | "
-           "rollout tok/s/chip | overrides |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["Estimates from programs compiled for each slice (libtpu describes the slice, XLA "
+           "compiles the run's own programs on this CPU host): nothing ran on a TPU, no figure "
+           "here is a measurement. Per chip, from the compiled HLO walked with every loop's "
+           "trip count (supo_jax.hlo_cost): FLOPs, HBM bytes and bytes over the interconnect; a "
+           "program's estimated time is the largest of FLOPs / peak, HBM bytes / HBM bandwidth "
+           "and ICI bytes / half the bidirectional ICI bandwidth (the published figures of the "
+           "chip's system architecture page, supo_jax.plan.CHIPS), and its bound is which one. "
+           "Resident GiB a chip by phase: rollouts, the training state (parameters, AdamW state) "
+           "beside the sampler's largest program (the serving copy being made, prefill or "
+           "decode, each with the serving weights and the KV cache); the update, the train "
+           "step. MFU: 6 N tokens plus causal attention over the train step's estimated time "
+           "at the peak. Rollout tokens/s a chip: the sampler rows' decode tokens over one "
+           "decode chunk's estimated time, on the training (FSDP) layout (before) and the "
+           "serving layout (after); roofline: the chunk's estimate over every chip reading its "
+           "serving weights and its share of the KV cache once a step. Each setup is tried on "
+           "a generation's slices smallest first, until both phases fit; overrides are the "
+           "settings changed to fit a slice.", "",
+           "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
+           "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
+           "tok/s/chip, ICI MiB a step | decode, serving layout: bound, tok/s/chip, ICI MiB a "
+           "step | decode / HBM roofline | overrides |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["results"]["rows"]:
-        p = r["programs"]
+        p, e, ph = r["programs"], r.get("estimates", {}), r.get("phases", {})
 
-        def gib(name):
+        def err(name):
             x = p.get(name, {})
-            if "error" in x:
-                e = x["error"]
-                short = (e.split("(")[1].split(")")[0] if "HLO temporaries (" in e else e[:40])
-                return f"no: temporaries {short}" if "HLO temporaries (" in e else "no: " + short
+            return ("no: " + x["error"][:60]) if "error" in x else None
+
+        def phase(name):
+            x = ph.get(name)
+            return "-" if not x else f"{x['bytes'] / 2**30:.2f}" + ("" if x["fits"] else " (no)")
+
+        def decode(name, rate, ici):
+            if err(name):
+                return err(name)
+            x = p.get(name)
             if not x:
                 return "-"
-            host = x["bytes_per_chip"].get("host_temp", 0)
-            return f"{x['bytes_per_chip']['total'] / 2**30:.2f}" + (
-                f" (+{host / 2**30:.2f} host)" if host else "")
+            return (f"{x['bound']}, {e[rate]:,.0f}, {e[ici] / 2**20:,.1f}" if rate in e
+                    else x["bound"])
         ts = p.get("train_step", {})
-        rates = r["tokens_per_second_per_chip"]
-        tr = r.get("training")
-        trained = (f"{'LoRA ' if tr['adapters'] else 'all '}{tr['trainable_params'] / 1e6:,.0f}M; "
-                   f"{tr['opt_state_bytes'] / 2**30:.1f} GiB" if tr else "-")
-        cells = [r["what"], r["topology"], str(r["chips"]), "yes" if r["fits"] else "**no**",
-                 gib("train_step"), gib("prefill"), gib("decode"), gib("decode_host_copy"), trained,
-                 f"{ts['flops_per_chip'] / 1e12:.1f}" if "flops_per_chip" in ts else "-",
-                 f"{ts['estimated_seconds'] * 1e3:.0f}" if "flops_per_chip" in ts else "-",
-                 f"{rates['train']:.0f}" if "train" in rates and r["fits"] else "-",
-                 f"{rates['rollout']:.0f}" if "rollout" in rates and r["fits"] else "-",
+        sv = r.get("serving", {})
+        cells = [r["what"], r["topology"], str(r["chips"]),
+                 f"{sv['mesh']['data']} x {sv['tensor']}" if sv else "-",
+                 phase("rollout"), phase("update"), "yes" if r["fits"] else "**no**",
+                 err("train_step") or (f"{ts['bound']}, {100 * e['train_mfu']:.0f}%"
+                                       if "train_mfu" in e else "-"),
+                 decode("decode_training_layout",
+                        "training_layout_rollout_tokens_per_second_per_chip",
+                        "training_layout_collective_bytes_per_step"),
+                 decode("decode", "rollout_tokens_per_second_per_chip",
+                        "decode_collective_bytes_per_step"),
+                 f"{e['decode_over_roofline']:.2f}x" if "decode_over_roofline" in e else "-",
                  " ".join(o for o in r.get("overrides", [])
                           if o not in SETUPS.get(r["setup"], ("",) * 4)[3]) or "-"]
         out.append("| " + " | ".join(cells) + " |")

@@ -299,11 +299,12 @@ def _cmd_sweep(args) -> None:
 def _cmd_plan(args) -> None:
     import json
 
-    from supo_jax.plan import format_plan, plan
+    from supo_jax.plan import COMPARISONS, format_plan, plan
     from supo_jax.utils import json_safe
 
     cfg = _config(args)
-    rep = plan(cfg, args.topology, model_config=args.model_config, host_copy=args.host_copy)
+    rep = plan(cfg, args.topology, model_config=args.model_config, host_copy=args.host_copy,
+               training_layout=args.training_layout, dump=args.dump)
     print(format_plan(rep))
     if args.json:
         from supo_jax.utils import provenance
@@ -311,7 +312,8 @@ def _cmd_plan(args) -> None:
             json.dump(json_safe({**rep, "provenance": provenance()}), f, indent=2,
                       allow_nan=False)
         print(f"wrote {args.json}")
-    bad = [n for n, p in rep["programs"].items() if not p["fits"] and n != "decode_host_copy"]
+    bad = [n for n, p in rep["programs"].items() if not p["fits"] and n not in COMPARISONS]
+    bad += [f"the {n} phase" for n, ph in rep["phases"].items() if not ph["fits"]]
     if bad:
         print(f"supo-jax plan: {', '.join(bad)} "
               f"{'does' if len(bad) == 1 else 'do'} not fit (or compile) on {args.topology}",
@@ -331,7 +333,7 @@ _EXAMPLES = {
     "rollout": "supo-jax rollout --env fncall/count --policy scripted --context full --num 64",
     "generate": "supo-jax generate --model HuggingFaceTB/SmolLM2-135M-Instruct --prompt 'Hi'",
     "export": "supo-jax export --model model.gguf --out out/model",
-    "plan": "supo-jax plan --topology v5litepod-4                       # the CPU recipe\n"
+    "plan": "supo-jax plan --topology v5litepod-4 --model-config tiny   # the CPU recipe\n"
             "supo-jax plan --config experiments/configs/paper_fncall_supo.py --topology v5p-32 "
             "--model-config /ckpt/Qwen2.5-7B-Instruct --json plan.json",
 }
@@ -417,13 +419,18 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--topology", required=True, help="a TPU slice as gcloud names accelerator "
                    "types, e.g. v4-8, v5litepod-16, v5p-8, v6e-8 (supo_jax.plan.TOPOLOGIES)")
     n.add_argument("--model-config", default=None, metavar="DIR", help="a directory holding the "
-                   "model's HF config.json (no weights needed); default: model.path's, or the "
-                   "config's tiny model")
+                   "model's HF config.json (no weights needed); default: model.path's; 'tiny': "
+                   "the config's tiny test policy")
+    n.add_argument("--dump", default=None, metavar="DIR", help="write each program's compiled "
+                   "HLO text to DIR/NAME.hlo.txt")
     n.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     n.add_argument("--host-copy", action="store_true", help="also compile the decode as a "
                    "per-host copy of the policy would run it (one host's chips holding the whole "
-                   "policy), for comparison with sampling on the training mesh; not counted in "
+                   "policy), for comparison with sampling on the serving layout; not counted in "
                    "the exit status")
+    n.add_argument("--training-layout", action="store_true", help="also compile the decode on "
+                   "the training layout (the parameters as training shards them), for comparison "
+                   "with the serving layout; not counted in the exit status")
     n.set_defaults(fn=_cmd_plan)
     return p
 

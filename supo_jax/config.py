@@ -79,8 +79,8 @@ class RolloutSection:
     dynamic_rounds: int = 0
     # the sampler's tensor groups (supo_jax.model.serving): rollouts run on the training
     # devices as (n / tensor groups) x (tensor chips), each group holding the weights split
-    # over its chips and its share of the rows; 0 = the fewest chips a group whose weights
-    # fit beside the training state (1 on CPU)
+    # over its chips and its share of the rows; 0 = the largest group dividing the devices,
+    # the heads and the kv heads (the fewest weight bytes read a chip a token)
     tensor: int = 0
 
 

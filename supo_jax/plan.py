@@ -17,18 +17,25 @@ precision, remat by the chip's memory, the sampler's layer scan):
                (Sampler.append runs longer appends as calls of PREFILL_CHUNK tokens) for every
                sampler row
                (supo_jax.rl.runs.sampler_rows: min(rollout.rows, tasks_per_step x group_size)
-               rounded up to the mesh's batch axes) into a cache of W slots, on the training
-               mesh (every process samples with the parameters as training shards them)
+               rounded up to the serving layout's groups) into a cache of W slots, on the
+               serving layout (supo_jax.model.serving: tensor groups of rollout.tensor chips,
+               or the fewest whose weights fit beside the training state)
   decode       supo_jax.sampling.sampler.decode: one chunk of decode steps over those rows,
-               attending over all W slots
+               attending over all W slots, on the serving layout
+  to_serving   the one jitted call that makes the serving copy of the trained parameters
   recompute_logprobs   (only with optim.recompute_old_logprobs)
   decode_host_copy     (host_copy=True / --host-copy) the decode of one host's share of the
                rows on that host's chips alone, as a per-process copy of the policy would
                run it: for comparison
 
-For each: XLA's per-chip memory (arguments, outputs, temporaries, aliased = donated buffers
-reused by outputs) against the chip's HBM, its flops per chip, and a roofline estimate of its
-time, max(flops / peak flops, bytes accessed / HBM bandwidth), from the tables below.
+For each program, from the compiled HLO walked with every loop's trip count
+(supo_jax.hlo_cost; XLA's cost_analysis counts a loop body once): FLOPs, HBM bytes and
+interconnect bytes a chip, and an estimated time max(FLOPs / peak of the compute dtype, HBM
+bytes / HBM bandwidth, ICI bytes / half the bidirectional ICI bandwidth) naming its bound,
+from each chip generation's published figures (CHIPS). XLA's per-chip memory (arguments,
+outputs, temporaries, aliased = donated buffers reused by outputs) against the chip's HBM,
+and by phase: what is resident during rollouts (the training state beside the sampler's
+largest program) and during the update. Estimates from compiled programs, not measurements.
 """
 from __future__ import annotations
 
@@ -69,13 +76,34 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
     "v6e-256": ("v6e:16x16", "default", (2, 2, 1)),
 }
 
-# generation -> per chip: HBM bytes, peak bf16 flop/s, HBM bytes/s (published figures)
+# generation -> per chip: HBM bytes, peak dense FLOP/s by matmul input dtype, HBM bytes/s, and
+# bidirectional inter-chip interconnect (ICI) bytes/s, from each generation's system
+# architecture page: https://cloud.google.com/tpu/docs/v4, .../v5e, .../v5p, .../v6e.
+# The v4 page publishes no per-chip ICI bandwidth: its collectives get no time (said so).
 CHIPS: dict[str, dict] = {
-    "v4": {"hbm_bytes": 32 * GiB, "peak_flops": 275e12, "hbm_bandwidth": 1.2e12},
-    "v5e": {"hbm_bytes": 16 * GiB, "peak_flops": 197e12, "hbm_bandwidth": 819e9},
-    "v5p": {"hbm_bytes": 95 * GiB, "peak_flops": 459e12, "hbm_bandwidth": 2.76e12},
-    "v6e": {"hbm_bytes": 32 * GiB, "peak_flops": 918e12, "hbm_bandwidth": 1.64e12},
+    "v4": {"hbm_bytes": 32 * GiB, "peak_flops": {"bfloat16": 275e12, "int8": 275e12},
+           "hbm_bandwidth": 1.2e12, "ici_bandwidth": None,
+           "source": "https://cloud.google.com/tpu/docs/v4"},
+    "v5e": {"hbm_bytes": 16 * GiB, "peak_flops": {"bfloat16": 197e12, "int8": 393e12},
+            "hbm_bandwidth": 819e9, "ici_bandwidth": 400e9,
+            "source": "https://cloud.google.com/tpu/docs/v5e"},
+    "v5p": {"hbm_bytes": 95 * GiB, "peak_flops": {"bfloat16": 459e12, "int8": 918e12},
+            "hbm_bandwidth": 2.765e12, "ici_bandwidth": 1200e9,
+            "source": "https://cloud.google.com/tpu/docs/v5p"},
+    "v6e": {"hbm_bytes": 32 * GiB, "peak_flops": {"bfloat16": 918e12, "int8": 1836e12},
+            "hbm_bandwidth": 1.638e12, "ici_bandwidth": 800e9,
+            "source": "https://cloud.google.com/tpu/docs/v6e"},
 }
+
+
+def peak_flops(chip: dict, compute_dtype: str, precision: str = "default") -> float:
+    """The matmul peak for a compute dtype: bfloat16's for bfloat16, and for float32 at the
+    default precision (one bf16 pass on the MXU); a sixth of it for float32 at "highest"
+    (XLA's six bf16 passes), which the model uses for float32 compute on an accelerator."""
+    bf16 = chip["peak_flops"]["bfloat16"]
+    if compute_dtype == "float32" and precision in ("auto", "highest"):
+        return bf16 / 6
+    return chip["peak_flops"].get(compute_dtype, bf16)
 
 
 def generation(topology: str) -> str:
@@ -118,14 +146,24 @@ def _describe(name: str, chip_config, per_host, topology: str) -> list:
     return list(topo.devices)
 
 
+TINY = "tiny"     # --model-config tiny: the config's tiny model, asked for by name
+
+
 def resolve_model_config(cfg, model_config_dir: str | None):
-    """The architecture: a directory's config.json (--model-config), else model.path /
-    train.init_from's config.json, else the config's tiny model with the vocabulary of its
-    tokenizer (trained on the environment's texts, as a run trains it)."""
+    """The architecture: a directory's config.json (--model-config DIR), else model.path /
+    train.init_from's config.json; the config's tiny model (with the vocabulary of its
+    tokenizer, trained on the environment's texts as a run trains it) only when asked for
+    by name (--model-config tiny). No model at all is a one-line ValueError: a plan of the
+    0.2M-parameter tiny policy under a paper config says nothing of the paper's run."""
     from supo_jax.model.config import ModelConfig
 
-    path = model_config_dir or cfg.train.init_from or cfg.model.path
-    if path:
+    if model_config_dir != TINY:
+        path = model_config_dir or cfg.train.init_from or cfg.model.path
+        if not path:
+            raise ValueError("no model to plan: the config sets no model.path (or "
+                             "train.init_from); pass --model-config DIR (a directory holding "
+                             "the model's HF config.json), or --model-config tiny for the "
+                             "config's tiny test policy")
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"no config.json in {path!r} (pass --model-config DIR: a directory "
                              "holding the model's HF config.json)")
@@ -198,26 +236,46 @@ def abstract_opt_state(tx, params, mesh):
     return jax.tree_util.tree_map_with_path(place, shapes)
 
 
-def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
-    """{name: (jitted function, args, kwargs)}: the run's programs with abstract inputs."""
+def serving_params(params, mesh, compute_dtype):
+    """The serving copy of abstract training `params` on the serving `mesh`: each parameter
+    with its sharding there, floating ones in the compute dtype (supo_jax.model.serving)."""
+    import jax
+    from flax import nnx
+
+    from supo_jax.model.serving import _casts, _name
+    from supo_jax.model.sharding import param_sharding
+
+    pure = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(
+            x.shape, compute_dtype if _casts(_name(path), x.dtype, compute_dtype) else x.dtype,
+            sharding=param_sharding(_name(path), x.shape, mesh)), nnx.to_pure_dict(params))
+    out = jax.tree.map(lambda x: x, params)
+    nnx.replace_by_pure_dict(out, pure)
+    return out
+
+
+def _shard_bytes(tree) -> int:
+    """Bytes a chip holds of an abstract tree (each leaf's shard under its sharding)."""
+    import jax
+
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def _train_programs(cfg, mc, mesh):
+    """{name: (jitted, args, kwargs)} of the update on the training mesh, its shapes, and the
+    abstract parameters and optimizer state."""
     import jax
     import jax.numpy as jnp
 
-    from supo_jax.model.decoder import KVCache
-    from supo_jax.model.sharding import batch_sharding, spec_for
+    from supo_jax.model.sharding import batch_sharding
     from supo_jax.rl.batch import TrainBatch
-    from supo_jax.rl.runs import sampler_rows
     from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
-    from supo_jax.sampling.sampler import PREFILL_CHUNK, SamplingParams, bucket, decode, prefill
-    from jax.sharding import NamedSharding
 
     o, r, ctx = cfg.optim, cfg.rollout, cfg.context
     graphdef, params, cdt = abstract_policy(mc, cfg.model, mesh)
-    W = ctx.working_context
-    out = {}
-
     # the train step: one minibatch of the longest rows (rl.runs.row_len: W is the bound)
-    T = o.max_row_len or W
+    T = o.max_row_len or ctx.working_context
     rows = o.minibatch_rows
     if rows % o.micro:
         raise ValueError(f"optim.minibatch_rows={rows} does not split into optim.micro={o.micro} "
@@ -232,15 +290,29 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
                        old_logp=floats, advantages=floats)
     loss_cfg = dataclasses.replace(cfg.loss, temperature=r.temperature or 1.0)
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
-    out["train_step"] = (train_step, (graphdef, params, opt_state, batch), dict(
+    out = {"train_step": (train_step, (graphdef, params, opt_state, batch), dict(
         tx=tx, cfg=loss_cfg, micro=o.micro, ref_params=params if cfg.loss.kl_coef else None,
-        lr=scalar, max_kl=scalar if o.max_kl > 0 else None))
+        lr=scalar, max_kl=scalar if o.max_kl > 0 else None))}
     if o.recompute_old_logprobs:
         out["recompute_logprobs"] = (recompute_logprobs, (graphdef, params, batch, loss_cfg), {})
+    return out, {"minibatch_rows": rows, "row_len": T}, graphdef, params, opt_state, cdt
 
-    # the sampler (trainer.rollout_batch's rows; Sampler's cache of W slots in the compute
-    # dtype, sharded as Sampler shards it); the longest prefill call, one decode chunk over W slots
-    B = sampler_rows_ or sampler_rows(cfg, r.tasks_per_step * r.group_size, mesh)
+
+def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
+    """{name: (jitted, args, kwargs)}: the longest prefill call and one decode chunk over
+    `rows` sampler rows with `params` (as placed on `mesh`), and their shapes."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from supo_jax.model.decoder import KVCache
+    from supo_jax.model.sharding import spec_for
+    from supo_jax.sampling.sampler import PREFILL_CHUNK, SamplingParams, bucket, decode, prefill
+
+    r, ctx = cfg.rollout, cfg.context
+    cdt = _compute_dtype(cfg.model)
+    W, B = ctx.working_context, rows
+    # the sampler's cache of W slots in the compute dtype, sharded as Sampler shards it
     cache_shape = (mc.num_layers, B, mc.num_kv_heads, W, mc.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
                                          cache_shape, mesh))
@@ -248,20 +320,62 @@ def _programs(cfg, mc, mesh, sampler_rows_: int | None = None):
     cache = KVCache(jax.ShapeDtypeStruct(cache_shape, cdt, sharding=kv_sh),
                     jax.ShapeDtypeStruct(cache_shape, cdt, sharding=kv_sh),
                     jax.ShapeDtypeStruct((B,), jnp.int32, sharding=len_sh))
-    vec = lambda dt: jax.ShapeDtypeStruct((B,), dt)
+    vec = lambda dt: jax.ShapeDtypeStruct((B,), dt, sharding=len_sh)
     t = bucket(min(W, PREFILL_CHUNK), 16, W)    # Sampler.append's longest call (chunked)
-    out["prefill"] = (prefill, (graphdef, params, cache, jax.ShapeDtypeStruct((B, t), jnp.int32),
-                                vec(jnp.int32)), dict(attend_len=W))
+    out = {"prefill": (prefill, (graphdef, params, cache, jax.ShapeDtypeStruct(
+        (B, t), jnp.int32, sharding=NamedSharding(mesh, spec_for(("batch", None), (B, t), mesh))),
+        vec(jnp.int32)), dict(attend_len=W))}
     steps = bucket(max(ctx.max_action_tokens, ctx.max_summary_tokens), 8)
     steps = min(steps, 64)                                 # Sampler's decode_chunk
     sp = SamplingParams(r.temperature, r.top_k, r.top_p)
+    logits_sh = NamedSharding(mesh, spec_for(("batch", None), (B, mc.vocab_size), mesh))
     out["decode"] = (decode, (graphdef, params, cache, jax.ShapeDtypeStruct(
-        (B, mc.vocab_size), jnp.float32), jax.eval_shape(lambda: jax.random.key(0)),
+        (B, mc.vocab_size), jnp.float32, sharding=logits_sh),
+        jax.eval_shape(lambda: jax.random.key(0)),
         vec(jnp.bool_), vec(jnp.int32), jax.ShapeDtypeStruct((B, 2), jnp.int32),
         jax.ShapeDtypeStruct((), jnp.int32), None),
         dict(steps=steps, attend_len=W, sp=sp, unroll_layers=False))   # TPU: the layer scan
-    return out, {"minibatch_rows": rows, "row_len": T, "sampler_rows": B, "cache_len": W,
-                 "decode_steps": steps, "prefill_len": t}, _trainable_figures(params, opt_state)
+    cache_bytes = 2 * math.prod(cache_shape) * jnp.dtype(cdt).itemsize
+    return out, {"sampler_rows": B, "cache_len": W, "decode_steps": steps, "prefill_len": t,
+                 "cache_bytes": cache_bytes}
+
+
+def _compute_dtype(m):
+    from supo_jax.model.policy import _dtype
+    return _dtype(m.compute_dtype or None) or _dtype(m.dtype)
+
+
+def _to_serving(train_mesh, params, mesh, compute_dtype, chip, peak, dump) -> dict:
+    """The serving copy's calls (supo_jax.model.serving.reshard_one, one a parameter, run one
+    after another) compiled, as one program's figures: arguments (the training parameters)
+    and outputs (the serving weights) summed, temporaries the largest call's (a call's are
+    freed when it returns); FLOPs, bytes and times summed."""
+    from flax import nnx
+
+    from supo_jax.model.serving import reshard_calls, reshard_one
+
+    calls = reshard_calls(nnx.to_pure_dict(params), train_mesh, mesh, compute_dtype)
+    seen, parts = {}, []
+    for path, x, kw in calls:
+        key = (x.shape, str(x.dtype), x.sharding, tuple(sorted(kw.items(), key=str)))
+        if key not in seen:
+            compiled = _compile("to_serving." + ".".join(str(getattr(k, "key", k)) for k in path),
+                                reshard_one, (x,), kw, mesh, dump)
+            seen[key] = (_memory(compiled), _figures(compiled, chip, peak))
+        parts.append(seen[key])
+    mem = {k: sum(m[k] for m, _ in parts) for k in ("argument", "output", "alias", "host_temp")}
+    mem.update(temp=max(m["temp"] for m, _ in parts), code=max(m["code"] for m, _ in parts))
+    mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
+    sec = {k: sum(f["seconds"][k] for _, f in parts) for k in ("compute", "hbm", "ici")}
+    return {"bytes_per_chip": mem, "fits": mem["total"] <= chip["hbm_bytes"], "calls": len(parts),
+            "flops_per_chip": sum(f["flops_per_chip"] for _, f in parts),
+            "hbm_bytes_per_chip": sum(f["hbm_bytes_per_chip"] for _, f in parts),
+            "collective_bytes_per_chip": sum(f["collective_bytes_per_chip"] for _, f in parts),
+            "seconds": sec, "estimated_seconds": sum(f["estimated_seconds"] for _, f in parts),
+            "bound": max(sec, key=sec.get), "model_flops_per_chip": 0.0, "loops": [],
+            "largest_collectives": [], "kernels": [],
+            "xla_cost_analysis": {k: sum(f["xla_cost_analysis"][k] for _, f in parts)
+                                  for k in ("flops", "bytes_accessed")}}
 
 
 def _trainable_figures(params, opt_state) -> dict:
@@ -278,86 +392,270 @@ def _trainable_figures(params, opt_state) -> dict:
             "trainable_bytes": nbytes(train), "opt_state_bytes": nbytes(opt_state)}
 
 
-def _figures(compiled, chip: dict) -> dict:
+def _memory(compiled) -> dict:
+    """XLA's per-chip memory of a compiled program (donated arguments, reused by outputs,
+    counted once); host_temp: pinned host memory it keeps (remat "offload")."""
     mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
     b = {"argument": int(mem.argument_size_in_bytes), "output": int(mem.output_size_in_bytes),
          "temp": int(mem.temp_size_in_bytes), "alias": int(mem.alias_size_in_bytes),
          "code": int(mem.generated_code_size_in_bytes),
-         # host memory (pinned_host) the program keeps per chip: remat "offload"'s layer inputs
          "host_temp": int(getattr(mem, "host_temp_size_in_bytes", 0) or 0)}
-    # donated arguments (alias) are reused by outputs: counted once
     b["total"] = b["argument"] + b["output"] - b["alias"] + b["temp"] + b["code"]
-    flops = float(cost.get("flops", 0.0) or 0.0)
-    accessed = float(cost.get("bytes accessed", 0.0) or 0.0)
-    moved = accessed if accessed > 0 else float(b["total"])
-    return {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
-            "flops_per_chip": flops, "bytes_accessed_per_chip": accessed,
-            "estimated_seconds": max(flops / chip["peak_flops"], moved / chip["hbm_bandwidth"])}
+    return b
+
+
+# custom calls that compute (Mosaic kernels: splash attention); the others are plumbing
+KERNELS = ("tpu_custom_call",)
+
+
+def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0) -> dict:
+    """Per chip, from the compiled HLO walked with every loop's trip count (supo_jax.hlo_cost):
+    FLOPs, HBM bytes, bytes over the interconnect; each's time at the chip's published rate
+    and the estimate, their maximum, naming its bound. A chip sends at half its
+    bidirectional ICI bandwidth (the other half carries what it receives). The FLOPs of
+    Mosaic kernels (splash attention) are not in the HLO: the compute time is at least the
+    program's model FLOPs (`model_flops` a chip) at the peak."""
+    from supo_jax.hlo_cost import hlo_cost
+
+    c = hlo_cost(compiled.as_text())
+    xla = compiled.cost_analysis()
+    xla = (xla[0] if xla else {}) if isinstance(xla, (list, tuple)) else (xla or {})
+    ici = chip["ici_bandwidth"]
+    hbm = c.hbm_bytes - c.alt_memory_bytes        # not what stays in on-chip memory (VMEM)
+    seconds = {"compute": max(c.flops, model_flops) / peak, "hbm": hbm / chip["hbm_bandwidth"],
+               "ici": c.collective_bytes / (ici / 2) if ici else 0.0}
+    bound = max(seconds, key=seconds.get)
+    top = sorted(c.collectives, key=lambda x: -x["bytes"] * x["executions"])[:6]
+    return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm,
+            "collective_bytes_per_chip": c.collective_bytes, "seconds": seconds,
+            "estimated_seconds": seconds[bound], "bound": bound,
+            "model_flops_per_chip": model_flops, "loops": c.loops, "largest_collectives": top,
+            "kernels": sorted({k["target"] for k in c.custom_calls if k["target"] in KERNELS}),
+            "xla_cost_analysis": {"flops": float(xla.get("flops", 0.0) or 0.0),
+                                  "bytes_accessed": float(xla.get("bytes accessed", 0.0) or 0.0)}}
+
+
+def matmul_params(mc) -> int:
+    """Parameters a token's forward multiplies by: every layer weight and the LM head (the
+    input embedding is a lookup, unless tied to the head)."""
+    embed = 0 if mc.tie_embeddings else mc.vocab_size * mc.hidden_size
+    return mc.num_params - embed
+
+
+def train_model_flops(mc, rows: int, T: int) -> float:
+    """The update's useful FLOPs for rows x T tokens: 6 N per token (forward and backward
+    over the matmul parameters) plus causal attention, 6 L H D T per token (QK^T and AV over
+    on average T / 2 earlier positions, 4 L H D T/2 forward, x3 with the backward)."""
+    attn = 6 * mc.num_layers * mc.num_heads * mc.head_dim * T
+    return rows * T * (6 * matmul_params(mc) + attn)
+
+
+def decode_model_flops(mc, span: int) -> float:
+    """A decode step's FLOPs a row: 2 N plus attention over `span` slots (4 L H D span)."""
+    return 2 * matmul_params(mc) + 4 * mc.num_layers * mc.num_heads * mc.head_dim * span
+
+
+def _compile(name, fn, args, kwargs, mesh, dump):
+    from supo_jax.model.sharding import mesh_scope
+
+    with mesh_scope(mesh):
+        compiled = fn.lower(*args, **kwargs).compile()
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        with open(os.path.join(dump, f"{name}.hlo.txt"), "w") as f:
+            f.write(compiled.as_text())
+    return compiled
+
+
+def hlo_cost_of(fn, args, kwargs, mesh):
+    """supo_jax.hlo_cost of a jitted function compiled for `mesh`'s devices."""
+    from supo_jax.hlo_cost import hlo_cost
+    return hlo_cost(_compile("", fn, args, kwargs, mesh, None).as_text())
 
 
 def plan(cfg, topology: str, *, model_config: str | None = None,
-         programs: tuple[str, ...] | None = None, host_copy: bool = False) -> dict:
-    """Compile the run's programs (train_step, prefill, decode) ahead of time for the TPU
-    slice `topology` (a gcloud accelerator type, e.g. v5litepod-16) and report, for each, its
-    bytes per chip against the chip's HBM, whether it fits, its flops per chip and an estimated
-    time. ValueError (one line) for an unknown topology, a mesh the chips do not divide, or a
-    missing config.json. `programs`: compile only these (names as above); default all.
-    host_copy: also compile `decode_host_copy`, the decode over one host's chips alone (the
-    whole policy sharded over them: what a per-process copy of the policy would need),
-    reported beside the others and not counted in `fits`."""
+         programs: tuple[str, ...] | None = None, host_copy: bool = False,
+         training_layout: bool = False, dump: str | None = None) -> dict:
+    """Compile the run's programs ahead of time for the TPU slice `topology` (a gcloud
+    accelerator type, e.g. v5litepod-16) and report, for each, XLA's bytes per chip, the
+    HLO-counted FLOPs, HBM and interconnect bytes a chip, the estimated time and its bound;
+    for the run, the memory resident in each phase (rollouts; the update) against the
+    chip's HBM, the train step's estimated MFU and the rollouts' tokens a second a chip.
+    ValueError (one line) for an unknown topology, a mesh the chips do not divide, no
+    model or a missing config.json, a bad rollout.tensor. `programs`: compile only these;
+    default all. host_copy: also compile `decode_host_copy` (the decode over one host's
+    chips alone, as a per-process copy of the policy would need), not counted in `fits`.
+    training_layout: also compile `decode_training_layout`, the decode on the training
+    mesh with the parameters as training shards them (how rollouts sampled before the
+    serving layout), not counted in `fits`.
+    dump: write each program's compiled HLO text to DIR/NAME.hlo.txt."""
     from supo_jax.model import platform
-    from supo_jax.model.sharding import make_mesh, mesh_scope
+    from supo_jax.model.serving import auto_tensor, check_tensor, serving_mesh
+    from supo_jax.model.sharding import make_mesh
+    from supo_jax.rl.runs import sampler_rows
 
     gen = generation(topology)
     chip = CHIPS[gen]
     mc = resolve_model_config(cfg, model_config)
     devices = tpu_devices(topology)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
+    cdt_name = cfg.model.compute_dtype or cfg.model.dtype
+    peak = peak_flops(chip, cdt_name, cfg.model.precision)
     report = {"topology": topology, "tpu_topology": TOPOLOGIES[topology][0],
               "device_kind": devices[0].device_kind, "chips": len(devices),
               "mesh": dict(mesh.shape), "hbm_bytes_per_chip": chip["hbm_bytes"],
-              "peak_flops_per_chip": chip["peak_flops"],
-              "hbm_bandwidth_per_chip": chip["hbm_bandwidth"],
+              "peak_flops_per_chip": peak, "hbm_bandwidth_per_chip": chip["hbm_bandwidth"],
+              "ici_bandwidth_per_chip": chip["ici_bandwidth"], "chip_source": chip["source"],
               "model": {"layers": mc.num_layers, "hidden": mc.hidden_size,
                         "heads": mc.num_heads, "kv_heads": mc.num_kv_heads,
                         "vocab": mc.vocab_size, "params": mc.num_params,
-                        "dtype": cfg.model.dtype, "compute_dtype": cfg.model.compute_dtype
-                        or cfg.model.dtype, "attention": cfg.model.attention},
+                        "dtype": cfg.model.dtype, "compute_dtype": cdt_name,
+                        "attention": cfg.model.attention},
               "programs": {}, "versions": _versions()}
     with platform.compiling_for("tpu", chip["hbm_bytes"]):
-        built, shapes, report["training"] = _programs(cfg, mc, mesh)
+        built, shapes, graphdef, params, opt_state, cdt = _train_programs(cfg, mc, mesh)
+        report["training"] = tr = _trainable_figures(params, opt_state)
+        state_bytes = _shard_bytes(params) + _shard_bytes(opt_state) + (
+            _shard_bytes(params) if cfg.loss.kl_coef else 0)
+        # the serving layout: rollout.tensor, else the largest valid group (as a run)
+        n = len(devices)
+        tensor = cfg.rollout.tensor or auto_tensor(mc, n)
+        try:
+            check_tensor(tensor, mc, n)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        smesh = serving_mesh(mesh, tensor)
+        sparams = serving_params(params, smesh, cdt)
+        rows = sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size, smesh)
+        sampler, sshapes = _sampler_programs(cfg, mc, graphdef, sparams, smesh, rows)
+        built.update(sampler)
+        built["to_serving"] = None      # compiled call by call (_to_serving)
+        shapes.update(sshapes)
+        report["serving"] = {"tensor": tensor, "mesh": dict(smesh.shape),
+                             "weight_bytes_per_chip": _shard_bytes(sparams)}
+        report["training_state_bytes_per_chip"] = state_bytes
         unknown = set(programs or ()) - set(built)
         if unknown:
             raise ValueError(f"unknown program(s) {', '.join(sorted(unknown))}; this config "
                              f"has {', '.join(built)}")
         report["shapes"] = shapes
-        todo = [(name, mesh, prog) for name, prog in built.items()
+        meshes = {"train_step": mesh, "recompute_logprobs": mesh, "to_serving": smesh}
+        todo = [(name, meshes.get(name, smesh), prog) for name, prog in built.items()
                 if programs is None or name in programs]
         if host_copy:
             host = host_devices(topology)
             hmesh = make_mesh(1, -1, 1, devices=host)
             # one host's share of the sampler rows, on its own chips with the whole policy
-            rows = -(-shapes["sampler_rows"] * len(host) // len(devices))
-            todo.append(("decode_host_copy", hmesh,
-                         _programs(cfg, mc, hmesh, sampler_rows_=rows)[0]["decode"]))
-            report.update(host_chips=len(host), host_sampler_rows=rows)
-        for name, m, (fn, args, kwargs) in todo:
+            hrows = -(-shapes["sampler_rows"] * len(host) // len(devices))
+            hg, hp, _ = abstract_policy(mc, cfg.model, hmesh)
+            todo.append(("decode_host_copy", hmesh, _sampler_programs(
+                cfg, mc, hg, serving_params(hp, hmesh, cdt), hmesh, hrows)[0]["decode"]))
+            report.update(host_chips=len(host), host_sampler_rows=hrows)
+        if training_layout:
+            todo.append(("decode_training_layout", mesh, _sampler_programs(
+                cfg, mc, graphdef, params, mesh,
+                sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
+                             mesh))[0]["decode"]))
+        for name, m, prog in todo:
+            fn, args, kwargs = prog or (None, None, None)
             t0 = time.perf_counter()
             try:
-                with mesh_scope(m):
-                    compiled = fn.lower(*args, **kwargs).compile()
+                if name == "to_serving":
+                    report["programs"][name] = {**_to_serving(mesh, params, smesh, cdt, chip,
+                                                              peak, dump),
+                                                "compile_seconds": time.perf_counter() - t0}
+                    continue
+                compiled = _compile(name, fn, args, kwargs, m, dump)
             except Exception as e:   # noqa: BLE001  (XLA / Mosaic refusing the program is the finding)
                 report["programs"][name] = {"fits": False, "error": f"{type(e).__name__}: "
                                             f"{str(e).strip().splitlines()[0][:400]}",
                                             "compile_seconds": time.perf_counter() - t0}
                 continue
-            report["programs"][name] = {**_figures(compiled, chip),
+            b = _memory(compiled)
+            report["programs"][name] = {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
+                                        **_figures(compiled, chip, peak,
+                                                   _model_flops(name, mc, shapes) / m.size),
                                         "compile_seconds": time.perf_counter() - t0}
-    report["fits"] = all(p["fits"] for n, p in report["programs"].items()
-                         if n != "decode_host_copy")
+    report["phases"] = _phases(report)
+    report["estimates"] = _estimates(report, mc)
+    progs = {k: p for k, p in report["programs"].items() if k not in COMPARISONS}
+    report["fits"] = all(p["fits"] for p in progs.values()) and all(
+        ph["fits"] for ph in report["phases"].values())
     return report
+
+
+def _model_flops(name: str, mc, s: dict) -> float:
+    """A program's model FLOPs on the whole slice (train step, prefill, decode; else 0)."""
+    if name == "train_step":
+        return train_model_flops(mc, s["minibatch_rows"], s["row_len"])
+    if name in ("decode", "decode_training_layout"):
+        return s["sampler_rows"] * s["decode_steps"] * decode_model_flops(mc, s["cache_len"])
+    if name == "prefill":       # the LM head at each row's last new token only
+        head = 2 * mc.vocab_size * mc.hidden_size
+        return s["sampler_rows"] * (s["prefill_len"] * (decode_model_flops(mc, s["cache_len"])
+                                                        - head) + head)
+    return 0.0
+
+
+COMPARISONS = ("decode_host_copy", "decode_training_layout")   # reported, not in `fits`
+
+
+def _phases(rep: dict) -> dict:
+    """Bytes a chip resident in each phase of a step, against the chip's HBM.
+    rollouts: the training state (parameters, optimizer state, a KL reference) stays
+    resident while the sampler's programs run; the largest of them (each holds the serving
+    weights, the KV cache and its temporaries; to_serving the copy being made) on top.
+    update: the train step (its arguments are the training state and the batch); the
+    serving copy and the cache are freed before it."""
+    p, hbm = rep["programs"], rep["hbm_bytes_per_chip"]
+    state = rep["training_state_bytes_per_chip"]
+    out = {}
+    sampler = [(n, p[n]["bytes_per_chip"]) for n in ("prefill", "decode") if "bytes_per_chip"
+               in p.get(n, {})]
+    if "bytes_per_chip" in p.get("to_serving", {}):
+        b = p["to_serving"]["bytes_per_chip"]        # its argument is the training state
+        sampler.append(("to_serving", {"total": b["total"] - b["argument"]}))
+    if sampler:
+        name, b = max(sampler, key=lambda x: x[1]["total"])
+        out["rollout"] = {"bytes": state + b["total"], "largest": name,
+                          "fits": state + b["total"] <= hbm}
+    if "bytes_per_chip" in p.get("train_step", {}):
+        b = p["train_step"]["bytes_per_chip"]["total"]
+        out["update"] = {"bytes": b, "largest": "train_step", "fits": b <= hbm}
+    return out
+
+
+def _estimates(rep: dict, mc) -> dict:
+    """The train step's estimated MFU (model FLOPs, 6 N tokens + attention, a chip over its
+    estimated time at the peak), the rollouts' decode tokens a second a chip, and the
+    decode chunk's estimate against its HBM roofline (every chip reading its serving
+    weights and its share of the cache once a step)."""
+    p, s, chips = rep["programs"], rep["shapes"], rep["chips"]
+    out = {}
+    ts = p.get("train_step", {})
+    if "estimated_seconds" in ts:
+        model = train_model_flops(mc, s["minibatch_rows"], s["row_len"]) / chips
+        out.update(train_model_flops_per_chip=model,
+                   train_mfu=model / ts["estimated_seconds"] / rep["peak_flops_per_chip"],
+                   train_tokens_per_second_per_chip=s["minibatch_rows"] * s["row_len"]
+                   / ts["estimated_seconds"] / chips)
+    t = p.get("decode_training_layout", {})
+    if "estimated_seconds" in t:
+        out.update(training_layout_rollout_tokens_per_second_per_chip=s["sampler_rows"]
+                   * s["decode_steps"] / t["estimated_seconds"] / chips,
+                   training_layout_collective_bytes_per_step=t["collective_bytes_per_chip"]
+                   / s["decode_steps"])
+    d = p.get("decode", {})
+    if "estimated_seconds" in d:
+        steps = s["decode_steps"]
+        roof = steps * (rep["serving"]["weight_bytes_per_chip"] + s["cache_bytes"] / chips) \
+            / rep["hbm_bandwidth_per_chip"]
+        out.update(rollout_tokens_per_second_per_chip=s["sampler_rows"] * steps
+                   / d["estimated_seconds"] / chips,
+                   decode_hbm_roofline_seconds=roof,
+                   decode_over_roofline=d["estimated_seconds"] / roof,
+                   decode_collective_bytes_per_step=d["collective_bytes_per_chip"] / steps)
+    return out
 
 
 def _versions() -> dict:
@@ -377,22 +675,37 @@ def _gib(n: float) -> str:
 
 
 def format_plan(rep: dict) -> str:
-    """The plan as text: the slice, then a table per program."""
+    """The plan as text: the slice, the model, the serving layout, each program's figures,
+    the memory of each phase and the run's estimates."""
     m = rep["model"]
+    ici = rep["ici_bandwidth_per_chip"]
     lines = [f"{rep['topology']} ({rep['tpu_topology']}, {rep['device_kind']}): {rep['chips']} "
-             f"chips, {_gib(rep['hbm_bytes_per_chip'])} HBM each; mesh {rep['mesh']}",
+             f"chips, {_gib(rep['hbm_bytes_per_chip'])} HBM each; training mesh {rep['mesh']}",
+             f"chip: {rep['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s ({m['compute_dtype']} "
+             f"matmuls), HBM {rep['hbm_bandwidth_per_chip'] / 1e9:.0f} GB/s, ICI "
+             + (f"{ici / 1e9:.0f} GB/s bidirectional" if ici else "not published (no time "
+                "counted for collectives)") + f" ({rep['chip_source']})",
              f"model: {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}/"
              f"{m['kv_heads']}, vocab {m['vocab']}, {m['params'] / 1e6:.1f}M parameters "
              f"({m['dtype']}, compute {m['compute_dtype']}, attention {m['attention']})",
              "shapes: " + ", ".join(f"{k} {v}" for k, v in rep["shapes"].items())]
+    sv = rep.get("serving")
+    if sv:
+        lines.append(f"rollouts: serving layout {sv['mesh']} (rollout.tensor={sv['tensor']}): "
+                     f"{_gib(sv['weight_bytes_per_chip'])} of weights a chip")
     tr = rep.get("training")
     if tr:
         lines.append(f"trained: {'LoRA adapters, ' if tr['adapters'] else 'every parameter, '}"
                      f"{tr['trainable_params'] / 1e6:.2f}M parameters ({_gib(tr['trainable_bytes'])}"
                      f"); optimizer state {_gib(tr['opt_state_bytes'])}; all parameters "
-                     f"{_gib(tr['param_bytes'])} (whole slice, before sharding)")
+                     f"{_gib(tr['param_bytes'])} (whole slice, before sharding); training "
+                     f"state {_gib(rep['training_state_bytes_per_chip'])} a chip")
     for name, p in rep["programs"].items():
         lines.append("")
+        if name == "decode_training_layout":
+            lines.append("decode_training_layout: the same decode on the training mesh with the "
+                         "parameters as training shards them (before the serving layout; not "
+                         "counted in the exit status)")
         if name == "decode_host_copy":
             lines.append(f"decode_host_copy: the decode of one host's share of the rows "
                          f"({rep['host_sampler_rows']}) on its {rep['host_chips']} chips alone, "
@@ -411,8 +724,34 @@ def format_plan(rep: dict) -> str:
         if b.get("host_temp"):
             lines.append(f"  {'host memory/chip':24s} {_gib(b['host_temp']):>14s}"
                          "   (offloaded to the host: not in HBM)")
-        lines.append(f"  {'flops/chip':24s} {p['flops_per_chip']:>14.4g}")
-        lines.append(f"  {'bytes accessed/chip':24s} {_gib(p['bytes_accessed_per_chip']):>14s}")
+        sec = p["seconds"]
+        lines.append(f"  {'flops/chip':24s} {p['flops_per_chip']:>14.4g}   "
+                     f"{sec['compute'] * 1e3:10.3f} ms at peak")
+        lines.append(f"  {'HBM bytes/chip':24s} {_gib(p['hbm_bytes_per_chip']):>14s}   "
+                     f"{sec['hbm'] * 1e3:10.3f} ms")
+        lines.append(f"  {'ICI bytes/chip':24s} {_gib(p['collective_bytes_per_chip']):>14s}   "
+                     f"{sec['ici'] * 1e3:10.3f} ms")
         lines.append(f"  {'estimated time':24s} {p['estimated_seconds'] * 1e3:>11.3f} ms"
-                     "   (roofline: max(flops/peak, bytes/bandwidth))")
+                     f"   ({p['bound']}-bound)")
+        loops = ", ".join(f"{lp['trip_count']}x ({lp['source']})" for lp in p["loops"])
+        if loops:
+            lines.append(f"  {'loops':24s} {loops}")
+        if p["kernels"]:
+            lines.append(f"  {'kernels':24s} {', '.join(p['kernels'])} (FLOPs not in the HLO: "
+                         f"compute time at least the model's {p['model_flops_per_chip']:.4g} "
+                         "FLOPs a chip)")
+    for name, ph in rep.get("phases", {}).items():
+        lines.append(f"{'' if name != 'rollout' else chr(10)}phase {name}: "
+                     f"{_gib(ph['bytes'])} a chip resident "
+                     f"({100 * ph['bytes'] / rep['hbm_bytes_per_chip']:.0f}% of HBM; largest "
+                     f"program {ph['largest']}): {'fits' if ph['fits'] else 'DOES NOT FIT'}")
+    e = rep.get("estimates", {})
+    if "train_mfu" in e:
+        lines.append(f"train step: estimated MFU {100 * e['train_mfu']:.0f}% "
+                     f"({e['train_tokens_per_second_per_chip']:.0f} tokens/s a chip)")
+    if "rollout_tokens_per_second_per_chip" in e:
+        lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip']:.0f} decode tokens/s "
+                     f"a chip; decode at {e['decode_over_roofline']:.2f}x its HBM roofline; "
+                     f"{_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
+    lines.append("(estimates from the compiled programs, not measurements)")
     return "\n".join(lines)

@@ -35,7 +35,7 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     with open(os.path.join(out, f"rollouts_{jax.process_index()}.json"), "w") as f:
         json.dump({"mesh": dict(mesh.shape) if mesh else None,
                    "serving_mesh": dict(m.shape) if (m := serving_policy(
-                       cfg, policy, cfg.rollout.rows, 64).mesh) else None,
+                       cfg, policy).mesh) else None,
                    "processes": jax.process_count(), "devices": jax.device_count(),
                    "rollouts": [r.to_json() for r in ro]}, f)
 

@@ -87,9 +87,9 @@ def two_process_run(tmp_path_factory):
 # two kv heads, so that the serving layout can split them over tensor groups of 2 chips
 ROLLOUT_SETS = ["rollout.tasks_per_step=6", "rollout.group_size=2", "rollout.rows=8",
                 "context.max_steps=8", "model.tiny_kv_heads=2"]
-# (processes, devices each) -> the sampler's tensor groups: 1 process x 8 devices the default
-# (groups of one device on CPU), 2 processes x 4 devices groups of 2 devices
-TENSOR = {(1, 1): 0, (1, 8): 0, (2, 4): 2}
+# (processes, devices each) -> rollout.tensor: 1 process x 8 devices groups of one device,
+# 2 processes x 4 devices the default (the largest group: 2 chips, the kv heads)
+TENSOR = {(1, 1): 0, (1, 8): 1, (2, 4): 0}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_sampling_on_the_serving_layout_matches_one_process(mesh_rollouts):
     """2 processes x 4 devices decode on one 8-device serving layout (4 groups of 2 chips,
     no per-process copy) and each steps its own rows' environments: every process returns
     the same rollouts, and they are those of one process on 8 devices (8 groups of one
-    chip) and on 1 device (tokens, transcripts, rewards, summaries; logprobs to float
+    device) and on 1 device (tokens, transcripts, rewards, summaries; logprobs to float
     rounding: the programs are partitioned differently)."""
     (one,), (eight,), two = (mesh_rollouts[k] for k in [(1, 1), (1, 8), (2, 4)])
     assert two[0]["processes"] == 2 and two[0]["devices"] == 8

@@ -83,5 +83,6 @@ def test_bad_rollout_tensor_is_one_line_config_error(tmp_path):
     cfg = load_config(None, ["rollout.tensor=8"])
     policy = new_policy(CFG, mesh=make_mesh(1, 8, 1))
     with pytest.raises(ConfigError, match=r"^rollout.tensor=8: a tensor group must divide"):
-        serving_policy(cfg, policy, 8, 64)
-    assert serving_policy(load_config(None, []), policy, 8, 64).mesh.shape["tensor"] == 1
+        serving_policy(cfg, policy)
+    # the default: the largest group dividing the devices, heads and kv heads
+    assert serving_policy(load_config(None, []), policy).mesh.shape["tensor"] == 4

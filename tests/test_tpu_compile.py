@@ -14,6 +14,7 @@ pytestmark = [
 ]
 
 TOPOLOGY = "v5litepod-4"
+TINY = "tiny"      # the recipe's tiny policy, asked for by name
 
 
 def _recipe(*sets):
@@ -25,6 +26,7 @@ def _fits(p):
     assert "error" not in p, p.get("error")
     assert p["fits"] and 0 < p["bytes_per_chip"]["total"] < 16 << 30
     assert p["flops_per_chip"] > 0 and p["estimated_seconds"] > 0
+    assert p["bound"] in ("compute", "hbm", "ici")
 
 
 def test_sampler_prefill_and_decode_compile_and_fit():
@@ -32,7 +34,7 @@ def test_sampler_prefill_and_decode_compile_and_fit():
     at its 32 sampler rows, tiny model sharded over the 4 chips of a v5e slice."""
     from supo_jax.plan import plan
 
-    rep = plan(_recipe(), TOPOLOGY, programs=("prefill", "decode"))
+    rep = plan(_recipe(), TOPOLOGY, model_config=TINY, programs=("prefill", "decode"))
     assert rep["chips"] == 4 and rep["mesh"]["fsdp"] == 4
     assert set(rep["programs"]) == {"prefill", "decode"}
     assert rep["shapes"]["sampler_rows"] == 32 and rep["shapes"]["cache_len"] == 446
@@ -47,7 +49,7 @@ def test_train_step_compiles_and_fits():
     with XLA attention: 44-77 s of compilation on 2 shared CPU cores (libtpu's compiler)."""
     from supo_jax.plan import plan
 
-    rep = plan(_recipe("model.attention=xla"), TOPOLOGY, programs=("train_step",))
+    rep = plan(_recipe("model.attention=xla"), TOPOLOGY, model_config=TINY, programs=("train_step",))
     p = rep["programs"]["train_step"]
     _fits(p)
     assert p["bytes_per_chip"]["alias"] > 0        # parameters and optimizer state donated
@@ -59,7 +61,7 @@ def test_train_step_with_splash_on_several_chips():
     kernel runs per batch shard under shard_map (XLA cannot partition it itself)."""
     from supo_jax.plan import plan
 
-    rep = plan(_recipe(), TOPOLOGY, programs=("train_step",))
+    rep = plan(_recipe(), TOPOLOGY, model_config=TINY, programs=("train_step",))
     _fits(rep["programs"]["train_step"])
 
 
@@ -72,7 +74,7 @@ def test_remat_offload_keeps_layer_inputs_in_host_memory():
     got = {}
     for remat in ("full", "offload"):
         rep = plan(_recipe("model.attention=xla", f"model.remat={remat}"), TOPOLOGY,
-                   programs=("train_step",))
+                   model_config=TINY, programs=("train_step",))
         p = rep["programs"]["train_step"]
         _fits(p)
         got[remat] = p["bytes_per_chip"]
@@ -80,20 +82,25 @@ def test_remat_offload_keeps_layer_inputs_in_host_memory():
     assert got["offload"]["temp"] < got["full"]["temp"]
 
 
-def test_host_copy_decode_holds_the_policy_on_one_host():
+def test_host_copy_and_training_layout_decodes_are_reported_beside():
     """--host-copy: the decode of one host's share of the rows on its own chips (v5e hosts
-    hold 4 chips) needs more bytes a chip than the same rows' decode on the training mesh
-    of all 16 chips (the policy over 4 chips instead of 16); it is reported beside the
-    others and does not decide `fits`."""
+    hold 4 chips, each a quarter of the policy); --training-layout: the same rows' decode on
+    the training (FSDP) mesh of all 16 chips, which gathers the weights every step. Both are
+    reported beside the serving layout's decode and do not decide `fits`."""
     from supo_jax.plan import plan
 
-    rep = plan(_recipe(), "v5litepod-16", programs=("decode",), host_copy=True)
+    rep = plan(_recipe(), "v5litepod-16", model_config=TINY, programs=("decode",), host_copy=True,
+               training_layout=True)
     assert rep["chips"] == 16 and rep["host_chips"] == 4
     assert rep["host_sampler_rows"] == rep["shapes"]["sampler_rows"] // 4
-    mesh, host = rep["programs"]["decode"], rep["programs"]["decode_host_copy"]
-    _fits(mesh)
-    _fits(host)
-    assert host["bytes_per_chip"]["argument"] > mesh["bytes_per_chip"]["argument"]
+    p = rep["programs"]
+    for name in ("decode", "decode_host_copy", "decode_training_layout"):
+        _fits(p[name])
+    whole = rep["serving"]["weight_bytes_per_chip"] * rep["serving"]["tensor"]
+    assert p["decode_host_copy"]["bytes_per_chip"]["argument"] >= whole / 4
+    e = rep["estimates"]
+    assert e["training_layout_collective_bytes_per_step"] > 10 * e[
+        "decode_collective_bytes_per_step"]
     assert rep["fits"]
 
 
@@ -103,7 +110,7 @@ def test_splash_batch_not_split_over_the_chips_names_the_settings():
     from supo_jax.plan import plan
 
     rep = plan(_recipe("model.attention=splash", "optim.minibatch_rows=2", "optim.micro=1"),
-               TOPOLOGY, programs=("train_step",))
+               TOPOLOGY, model_config=TINY, programs=("train_step",))
     p = rep["programs"]["train_step"]
     assert not rep["fits"] and not p["fits"]
     assert "2 rows a micro-batch do not split over the mesh's data x fsdp = 4" in p["error"]
@@ -118,7 +125,7 @@ def test_bad_input_is_one_line_value_error(topology, mesh, match):
     from supo_jax.plan import plan
 
     with pytest.raises(ValueError, match=match) as e:
-        plan(_recipe(*mesh), topology, programs=("decode",))
+        plan(_recipe(*mesh), topology, model_config=TINY, programs=("decode",))
     assert "\n" not in str(e.value)
 
 

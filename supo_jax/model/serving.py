@@ -14,7 +14,8 @@ token step the chips of a group exchange activations only (an all-reduce of [row
 after each layer's attention output and MLP, and the logits): no weight moves.
 
 `to_serving` makes that copy from the trained parameters once per rollout phase, resharded
-and cast to the compute dtype in one jitted call; it is freed with the sampler before the
+and cast to the compute dtype (one jitted call a parameter, so that one parameter's
+temporaries are alive at a time); it is freed with the sampler before the
 update. Every model matmul already casts its weights to the compute dtype, so the cast copy
 samples exactly what the training layout samples (up to the order of float sums).
 """
@@ -59,17 +60,12 @@ def serving_bytes(params, dtype) -> int:
     return sum(jax.tree.leaves(jax.tree_util.tree_map_with_path(one, _pure(params))))
 
 
-def auto_tensor(cfg, n_devices: int, *, weight_bytes: int, other_bytes: int,
-                hbm_bytes: int) -> int:
-    """The smallest tensor-group size whose weights (weight_bytes / T a chip) fit beside
-    `other_bytes` a chip (the training state, the KV cache) in 90% of `hbm_bytes`: fewer
-    chips a group means less traffic a token and more rows a group; the largest valid
-    size when none fits (the plan then says what does not fit)."""
-    ok = valid_tensor_sizes(cfg, n_devices)
-    for t in ok:
-        if weight_bytes / t + other_bytes <= _MARGIN * hbm_bytes:
-            return t
-    return ok[-1]
+def auto_tensor(cfg, n_devices: int) -> int:
+    """rollout.tensor = 0: the largest valid group. A decode step reads every weight once a
+    group, so n / T copies are read a step over the slice: the larger the group, the fewer
+    weight bytes each chip reads a token step (and holds); what grows, an all-reduce of
+    [rows, hidden] a layer, is small beside them (supo_jax.plan counts both)."""
+    return valid_tensor_sizes(cfg, n_devices)[-1]
 
 
 def serving_mesh(mesh: Mesh, tensor: int) -> Mesh:
@@ -113,33 +109,33 @@ def _via(train: Mesh, target: NamedSharding, shape) -> NamedSharding | None:
     return NamedSharding(train, P(*(axes if i == d else None for i in range(len(shape)))))
 
 
-@partial(jax.jit, static_argnames=("dtype", "steps"))
-def _reshard(pure, *, dtype, steps):
-    flat, tree = jax.tree_util.tree_flatten_with_path(pure)
+@partial(jax.jit, static_argnames=("dtype", "via", "target"))
+def reshard_one(x, *, dtype, via, target):
+    """One parameter cast to `dtype` (None: kept) and moved to its serving sharding `target`
+    (through `via`, see _via). One call a parameter, not one for all: XLA would move every
+    parameter at once and hold each gathered weight until the end (6.7 GiB of temporaries a
+    chip for a 7B model on 16 v5e chips); a call's temporaries are gone when it returns."""
+    x = x.astype(dtype) if dtype is not None else x
+    if via is not None:
+        x = jax.lax.with_sharding_constraint(x, via)
+    return jax.lax.with_sharding_constraint(x, target)
+
+
+def reshard_calls(pure, train_mesh: Mesh, mesh: Mesh, dtype):
+    """[(path, leaf, kwargs of reshard_one)] making the serving copy of the pure parameter
+    dict `pure` (training layout on `train_mesh`) on the serving `mesh`."""
     out = []
-    for (path, x), (via, target) in zip(flat, steps.value):
-        x = x.astype(dtype) if _casts(_name(path), x.dtype, dtype) else x
-        if via is not None:
-            x = jax.lax.with_sharding_constraint(x, via)
-        out.append(jax.lax.with_sharding_constraint(x, target))
-    return jax.tree_util.tree_unflatten(tree, out)
-
-
-class _Static:
-    """A hashable box for the shardings (a static argument of jit)."""
-    def __init__(self, value):
-        self.value = tuple(value)
-
-    def __hash__(self):
-        return hash(self.value)
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and self.value == other.value
+    for path, x in jax.tree_util.tree_flatten_with_path(pure)[0]:
+        name = _name(path)
+        target = param_sharding(name, x.shape, mesh)
+        out.append((path, x, dict(dtype=dtype if _casts(name, x.dtype, dtype) else None,
+                                  via=_via(train_mesh, target, x.shape), target=target)))
+    return out
 
 
 def to_serving(policy, tensor: int):
     """A Policy over the serving mesh of `policy`'s devices with tensor groups of `tensor`
-    chips: its parameters resharded and cast to the compute dtype in one jitted call. A
+    chips: its parameters resharded and cast to the compute dtype (a jitted call each). A
     policy without a mesh (one device) is returned as it is."""
     from supo_jax.model.policy import Policy
 
@@ -150,9 +146,8 @@ def to_serving(policy, tensor: int):
     mesh = serving_mesh(policy.mesh, tensor)
     graphdef, state = nnx.split(policy.model)
     pure = nnx.to_pure_dict(state)
-    flat = jax.tree_util.tree_flatten_with_path(pure)[0]
-    targets = [param_sharding(_name(p), x.shape, mesh) for p, x in flat]
-    steps = _Static((_via(policy.mesh, t, x.shape), t) for (_, x), t in zip(flat, targets))
-    new = _reshard(pure, dtype=policy.model.dtype, steps=steps)
+    calls = reshard_calls(pure, policy.mesh, mesh, policy.model.dtype)
+    new = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(pure),
+                                       [reshard_one(x, **kw) for _, x, kw in calls])
     nnx.replace_by_pure_dict(state, new)
     return Policy(nnx.merge(graphdef, state), policy.tokenizer, mesh)

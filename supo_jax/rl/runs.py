@@ -282,33 +282,17 @@ def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None
               f"config is kept as config.step{max(steps)}.json")
 
 
-def serving_policy(cfg: Config, policy: Policy, rows: int, max_len: int) -> Policy:
+def serving_policy(cfg: Config, policy: Policy) -> Policy:
     """The policy on its serving layout for one rollout phase (supo_jax.model.serving):
-    tensor groups of rollout.tensor chips, or (0) of the fewest chips whose share of the
-    weights fits beside what the devices already hold (the training state: their
-    allocator's bytes in use) and a KV cache of `rows` x `max_len` slots. Devices without
-    memory statistics (CPU) take groups of one chip. One line (ConfigError) for a size the
-    devices or the model cannot take."""
-    from supo_jax.model.serving import auto_tensor, check_tensor, serving_bytes, to_serving
+    tensor groups of rollout.tensor chips, or (0) the largest group that divides the
+    devices, the heads and the kv heads. One line (ConfigError) for a size the devices or
+    the model cannot take."""
+    from supo_jax.model.serving import auto_tensor, check_tensor, to_serving
 
     if policy.mesh is None:
         return policy
     mc, n = policy.config, policy.mesh.devices.size
-    tensor = cfg.rollout.tensor
-    if tensor == 0:
-        try:
-            stats = policy.mesh.devices.flat[0].memory_stats() or {}
-        except Exception:     # noqa: BLE001  (backends without memory statistics)
-            stats = {}
-        if "bytes_limit" not in stats:
-            tensor = 1
-        else:
-            item = np.dtype(policy.model.dtype).itemsize
-            cache = 2 * mc.num_layers * rows * mc.num_kv_heads * max_len * mc.head_dim * item
-            tensor = auto_tensor(mc, n, weight_bytes=serving_bytes(policy.split()[1],
-                                                                   policy.model.dtype),
-                                 other_bytes=stats.get("bytes_in_use", 0) + cache // n,
-                                 hbm_bytes=stats["bytes_limit"])
+    tensor = cfg.rollout.tensor or auto_tensor(mc, n)
     try:
         check_tensor(tensor, mc, n)
     except ValueError as e:

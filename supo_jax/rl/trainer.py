@@ -81,7 +81,7 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
     max_len = ctx.row_bound(fmt)
     g = group_size or r.group_size
     # sampled on the serving layout (a copy freed with the sampler, before the update)
-    policy = serving_policy(cfg, policy, min(r.rows, len(tasks) * g), max_len)
+    policy = serving_policy(cfg, policy)
     rows = sampler_rows(cfg, len(tasks) * g, policy.mesh)
     actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
     out = run_rollouts(actor, lambda: make_env(cfg.env.name), tasks, fmt, ctx, group_size=g,

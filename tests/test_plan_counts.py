@@ -1,0 +1,160 @@
+"""The planner's counts (supo_jax.plan over supo_jax.hlo_cost) against hand counts, on programs
+compiled for TPU chips by libtpu (nothing runs): the train step's FLOPs against 6 N tokens
+plus attention, the decode's against 2 N a generated token plus attention, every loop's trip
+count, the serving layout's interconnect bytes a decode step against the training layout's,
+and no figure beyond the chip's published peak or bandwidth."""
+import importlib.util
+import json
+
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                       reason="libtpu is not installed: no TPU to compile for"),
+    pytest.mark.xdist_group("tpu_compile"),
+]
+
+
+def _model_dir(tmp_path, name, **shape):
+    from supo_jax.model.tiny import tiny_config
+
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(tiny_config("qwen2", tie=False, **shape)
+                                                 .to_hf_dict()))
+    return str(path)
+
+
+def _cfg(*sets):
+    from supo_jax.config import load_config
+    # no remat (a recomputed forward is not model work), XLA attention (its dots are in the
+    # HLO), bf16 compute (the MXU's peak)
+    return load_config(None, ["model.remat=none", "model.attention=xla",
+                              "model.compute_dtype=bfloat16", "train.sft_warm_start=false",
+                              *sets])
+
+
+def _no_figure_beyond_the_chip(rep):
+    for name, p in rep["programs"].items():
+        s = p["estimated_seconds"]
+        assert p["flops_per_chip"] / s <= rep["peak_flops_per_chip"] * 1.0001, name
+        assert p["hbm_bytes_per_chip"] / s <= rep["hbm_bandwidth_per_chip"] * 1.0001, name
+        assert p["collective_bytes_per_chip"] / s <= rep["ici_bandwidth_per_chip"] / 2 * 1.0001
+    e = rep["estimates"]
+    assert 0 < e["train_mfu"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,rows,T", [
+    (dict(vocab_size=512, hidden=256, layers=4, heads=4, kv_heads=2, mlp=1024), 8, 256),
+    (dict(vocab_size=1024, hidden=384, layers=3, heads=6, kv_heads=6, mlp=1536), 16, 128),
+])
+def test_train_step_flops_match_the_hand_count(tmp_path, shape, rows, T):
+    """Counted FLOPs (both layer scans at their trip counts) within 10% of the hand count:
+    6 N a token over the matmul parameters, the LM head's forward once more (its chunks are
+    recomputed in the backward: 2 V E a token), and XLA attention's full score matrix
+    (QK^T and AV over all T keys, x3 with the backward: 12 L H D T a token)."""
+    from supo_jax.plan import matmul_params, plan, resolve_model_config
+
+    cfg = _cfg(f"optim.minibatch_rows={rows}", "optim.micro=1", f"optim.max_row_len={T}")
+    path = _model_dir(tmp_path, "m", **shape)
+    mc = resolve_model_config(cfg, path)
+    rep = plan(cfg, "v5litepod-4", model_config=path, programs=("train_step",))
+    p = rep["programs"]["train_step"]
+    assert {lp["trip_count"] for lp in p["loops"]} >= {mc.num_layers}
+    hand = rows * T * (6 * matmul_params(mc) + 2 * mc.vocab_size * mc.hidden_size
+                       + 12 * mc.num_layers * mc.num_heads * mc.head_dim * T) / rep["chips"]
+    assert p["flops_per_chip"] == pytest.approx(hand, rel=0.10)
+    # XLA's own count sees each layer scan's body once
+    assert p["xla_cost_analysis"]["flops"] < 0.6 * p["flops_per_chip"]
+
+
+def test_decode_flops_loops_and_serving_collectives(tmp_path):
+    """One decode chunk on v5litepod-4: FLOPs within 10% of 2 N a generated token plus
+    attention over the W slots; the token loop counted at its bound (steps) and the layer
+    scan inside it at its length (XLA's own count is `steps x layers` times smaller); on the
+    serving layout (tensor groups of 2 chips) the interconnect bytes a token step are at
+    most 2% of a chip's weights, where the training (FSDP) layout moves about all of them."""
+    from supo_jax.plan import (_sampler_programs, _shard_bytes, abstract_policy, hlo_cost_of,
+                               plan, resolve_model_config, serving_params)
+    from supo_jax.model import platform
+    from supo_jax.model.sharding import make_mesh
+    from supo_jax.plan import CHIPS, tpu_devices
+
+    # weights of 136 MiB a chip: more than the 128 MiB of VMEM a v5e chip could keep them in
+    shape = dict(vocab_size=8192, hidden=1024, layers=8, heads=8, kv_heads=4, mlp=4096)
+    path = _model_dir(tmp_path, "m", **shape)
+    cfg = _cfg("rollout.tensor=2", "rollout.rows=32", "rollout.tasks_per_step=4",
+               "rollout.group_size=8", "context.working_context=512")
+    mc = resolve_model_config(cfg, path)
+    rep = plan(cfg, "v5litepod-4", model_config=path, programs=("decode", "to_serving"))
+    assert rep["serving"]["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+    s, d = rep["shapes"], rep["programs"]["decode"]
+    steps, W, B = s["decode_steps"], s["cache_len"], s["sampler_rows"]
+    loops = sorted((lp["trip_count"], lp["multiplicity"]) for lp in d["loops"])
+    assert (steps, 1) in loops and (mc.num_layers, steps) in loops
+    hand = B * steps * (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)
+                        + 4 * mc.num_layers * mc.num_heads * mc.head_dim * W) / rep["chips"]
+    assert d["flops_per_chip"] == pytest.approx(hand, rel=0.10)
+    assert d["xla_cost_analysis"]["flops"] * steps * mc.num_layers / 2 < d["flops_per_chip"]
+    weights = rep["serving"]["weight_bytes_per_chip"]
+    # every step reads each chip's serving weights and its share of the cache, and little else
+    hbm_step = d["hbm_bytes_per_chip"] / steps
+    assert weights <= hbm_step <= 1.5 * (weights + s["cache_bytes"] / rep["chips"])
+    per_step = d["collective_bytes_per_chip"] / steps
+    assert 0 < per_step <= 0.02 * weights
+    _no_figure_beyond_the_chip(dict(rep, estimates={"train_mfu": 0.5}))
+
+    # the same decode on the training layout: every step gathers the weights
+    devices = tpu_devices("v5litepod-4")
+    mesh = make_mesh(1, -1, 1, devices=devices)
+    with platform.compiling_for("tpu", CHIPS["v5e"]["hbm_bytes"]):
+        graphdef, params, cdt = abstract_policy(mc, cfg.model, mesh)
+        train_layout = serving_params(params, mesh, cdt)   # bf16, FSDP-sharded
+        fn, args, kw = _sampler_programs(cfg, mc, graphdef, train_layout, mesh, B)[0]["decode"]
+        cost = hlo_cost_of(fn, args, kw, mesh)
+    fsdp_weights = _shard_bytes(train_layout) * rep["chips"]
+    assert cost.collective_bytes / steps >= 0.5 * fsdp_weights * 3 / 4
+
+
+@pytest.mark.slow
+def test_plan_of_the_whole_run_names_bounds_and_fits_by_phase(tmp_path):
+    """Every program of a small run: no figure beyond the chip; the phases' resident bytes
+    are the training state plus the largest sampler program, and the train step."""
+    from supo_jax.plan import plan
+
+    path = _model_dir(tmp_path, "m", vocab_size=512, hidden=256, layers=2, heads=4,
+                      kv_heads=2, mlp=512)
+    rep = plan(_cfg("context.working_context=256", "optim.minibatch_rows=8"), "v5litepod-4",
+               model_config=path)
+    assert set(rep["programs"]) == {"train_step", "prefill", "decode", "to_serving"}
+    _no_figure_beyond_the_chip(rep)
+    ph = rep["phases"]
+    state = rep["training_state_bytes_per_chip"]
+    big = max(rep["programs"][n]["bytes_per_chip"]["total"] for n in ("prefill", "decode"))
+    assert ph["rollout"]["bytes"] >= state + big
+    assert ph["update"]["bytes"] == rep["programs"]["train_step"]["bytes_per_chip"]["total"]
+    assert rep["fits"] == (ph["rollout"]["fits"] and ph["update"]["fits"])
+
+
+def test_paper_config_without_a_model_is_one_line_error():
+    from supo_jax.config import load_config
+    from supo_jax.plan import plan
+
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "experiments", "configs", "paper_fncall_supo.py"))
+    with pytest.raises(ValueError, match="no model to plan") as e:
+        plan(cfg, "v5litepod-16")
+    assert "\n" not in str(e.value) and "--model-config tiny" in str(e.value)
+
+
+def test_dump_writes_each_programs_hlo(tmp_path):
+    from supo_jax.plan import plan
+
+    rep = plan(_cfg(), "v5litepod-4", model_config="tiny", programs=("to_serving",),
+               dump=str(tmp_path / "hlo"))
+    assert "to_serving" in rep["programs"]
+    files = sorted((tmp_path / "hlo").iterdir())          # one a parameter's call
+    assert files and all(f.name.startswith("to_serving.") for f in files)
+    assert "HloModule" in files[0].read_text()
