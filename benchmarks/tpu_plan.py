@@ -2,11 +2,11 @@
 
 For each setup: the config, the model's shapes (experiments/models/NAME/config.json, no
 weights), and per TPU generation the slices to try, smallest first; the first slice on which
-every program (train step, prefill, decode) compiles and fits is the result, with each
-program's bytes a chip, FLOPs a chip and roofline time, and the run's estimated training and
-rollout tokens a second a chip (one minibatch's tokens over the train step's roofline time;
-the sampler rows' decode tokens over the decode chunk's). Slower than the other benchmarks:
-each 32B-36B program compiles for minutes on 2 CPU cores.
+every program (train step, the serving copy, prefill, decode) compiles and both phases
+(rollouts, the update) fit is the result: supo_jax.plan's report, the decode on the training
+layout compiled beside it for comparison (before / after the serving layout). Estimates from
+compiled programs, not measurements. Slower than the other benchmarks: each 32B-36B program
+compiles for minutes on 2 CPU cores.
 
     python benchmarks/tpu_plan.py                      # every setup; writes results/tpu_plan.json
     python benchmarks/tpu_plan.py --only 7b,8b         # some of them (the others' rows are kept;
@@ -24,20 +24,19 @@ CONFIGS = os.path.join(common.REPO, "experiments", "configs")
 # 16 training rows x 4096 tokens an update; 8 tasks x 8 rollouts sampled together
 ONE_CHIP_ROWS = ["optim.minibatch_rows=16", "optim.micro=1", "rollout.tasks_per_step=8",
                  "rollout.rows=64"]
-# name -> (what, config file, model, overrides, {generation: slices to try, smallest first})
+# name -> (what, config file, model, overrides, {generation: slices to try, smallest first});
+# each list starts at the smallest slice on which the setup fitted in the last full run
+# (smaller ones did not: BENCHMARKS.md's history), to keep a run of every setup to an hour
 SETUPS = {
     "codegym": ("CodeGym-style: Qwen2.5-32B-Instruct, W = 4096, S = 7, 128 tasks x 8",
                 "paper_fncall_supo.py", "qwen2.5-32b-instruct", [],
-                {"v5p": ["v5p-16", "v5p-32"], "v5e": ["v5litepod-64", "v5litepod-128",
-                                                      "v5litepod-256"],
-                 "v6e": ["v6e-32", "v6e-64", "v6e-128", "v6e-256"]}),
+                {"v5p": ["v5p-32", "v5p-64"], "v5e": ["v5litepod-128", "v5litepod-256"],
+                 "v6e": ["v6e-64", "v6e-128"]}),
     # 64K-token rows: remat full keeps 43 GB of layer inputs a chip; offload moves them to the
     # hosts' memory
     "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
                    "paper_search_supo.py", "seed-oss-36b-instruct", ["model.remat=offload"],
-                   {"v5p": ["v5p-32", "v5p-64", "v5p-128", "v5p-256"],
-                    "v5e": ["v5litepod-128", "v5litepod-256"],
-                    "v6e": ["v6e-128", "v6e-256"]}),
+                   {"v5p": ["v5p-64", "v5p-128"], "v6e": ["v6e-128", "v6e-256"]}),
     "7b": ("Qwen2.5-7B-Instruct, W = 4096, 16 rows a step", "paper_fncall_supo.py",
            "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
     "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
@@ -46,7 +45,7 @@ SETUPS = {
                 "paper_fncall_supo.py", "qwen2.5-7b-instruct",
                 ONE_CHIP_ROWS + ["model.lora_rank=16", "model.lora_alpha=32",
                                  "model.lora_base_dtype=bfloat16"],
-                {"v5e": ["v5litepod-4", "v5litepod-8"], "v6e": ["v6e-4", "v6e-8"]}),
+                {"v5e": ["v5litepod-8"], "v6e": ["v6e-4"]}),
 }
 
 
@@ -137,8 +136,8 @@ def markdown(res: dict) -> str:
            "decode chunk's estimated time, on the training (FSDP) layout (before) and the "
            "serving layout (after); roofline: the chunk's estimate over every chip reading its "
            "serving weights and its share of the KV cache once a step. Each setup is tried on "
-           "a generation's slices smallest first, until both phases fit; overrides are the "
-           "settings changed to fit a slice.", "",
+           "a generation's slices (benchmarks/tpu_plan.py's lists) smallest first, until both "
+           "phases fit; overrides are the settings changed to fit a slice.", "",
            "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
            "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
            "tok/s/chip, ICI MiB a step | decode, serving layout: bound, tok/s/chip, ICI MiB a "

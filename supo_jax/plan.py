@@ -254,6 +254,11 @@ def serving_params(params, mesh, compute_dtype):
     return out
 
 
+def nnx_pure(state) -> dict:
+    from flax import nnx
+    return nnx.to_pure_dict(state)
+
+
 def _shard_bytes(tree) -> int:
     """Bytes a chip holds of an abstract tree (each leaf's shard under its sharding)."""
     import jax
@@ -532,7 +537,11 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
         built["to_serving"] = None      # compiled call by call (_to_serving)
         shapes.update(sshapes)
         report["serving"] = {"tensor": tensor, "mesh": dict(smesh.shape),
-                             "weight_bytes_per_chip": _shard_bytes(sparams)}
+                             "weight_bytes_per_chip": _shard_bytes(sparams),
+                             # what a decode step reads of them: not the input embedding's
+                             # table (a lookup of a row a token) unless it is the LM head too
+                             "decode_read_bytes_per_chip": _shard_bytes(sparams) - (
+                                 0 if mc.tie_embeddings else _shard_bytes(nnx_pure(sparams)["embed"]))}
         report["training_state_bytes_per_chip"] = state_bytes
         unknown = set(programs or ()) - set(built)
         if unknown:
@@ -629,7 +638,7 @@ def _estimates(rep: dict, mc) -> dict:
     """The train step's estimated MFU (model FLOPs, 6 N tokens + attention, a chip over its
     estimated time at the peak), the rollouts' decode tokens a second a chip, and the
     decode chunk's estimate against its HBM roofline (every chip reading its serving
-    weights and its share of the cache once a step)."""
+    weights, less the input embedding's table, and its share of the cache once a step)."""
     p, s, chips = rep["programs"], rep["shapes"], rep["chips"]
     out = {}
     ts = p.get("train_step", {})
@@ -648,7 +657,7 @@ def _estimates(rep: dict, mc) -> dict:
     d = p.get("decode", {})
     if "estimated_seconds" in d:
         steps = s["decode_steps"]
-        roof = steps * (rep["serving"]["weight_bytes_per_chip"] + s["cache_bytes"] / chips) \
+        roof = steps * (rep["serving"]["decode_read_bytes_per_chip"] + s["cache_bytes"] / chips) \
             / rep["hbm_bandwidth_per_chip"]
         out.update(rollout_tokens_per_second_per_chip=s["sampler_rows"] * steps
                    / d["estimated_seconds"] / chips,

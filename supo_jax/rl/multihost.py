@@ -1,6 +1,6 @@
 """Multi-process helpers (jax.distributed: a TPU pod or several CPU processes): which process
 is the main one, barriers, the run's mesh, the processes as rollout peers (each steps its own
-rows' environments; all sample on the training mesh), and placing a batch every process
+rows' environments; all sample on one serving layout of the mesh's devices), and placing a batch every process
 holds."""
 from __future__ import annotations
 
