@@ -760,7 +760,9 @@ def format_plan(rep: dict) -> str:
                      f"({e['train_tokens_per_second_per_chip']:.0f} tokens/s a chip)")
     if "rollout_tokens_per_second_per_chip" in e:
         lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip']:.0f} decode tokens/s "
-                     f"a chip; decode at {e['decode_over_roofline']:.2f}x its HBM roofline; "
-                     f"{_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
+                     f"a chip; decode at {e['decode_over_roofline']:.2f}x its HBM roofline"
+                     + (" (below 1: the program keeps weights or cache in on-chip memory)"
+                        if e["decode_over_roofline"] < 0.9 else "")
+                     + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
     lines.append("(estimates from the compiled programs, not measurements)")
     return "\n".join(lines)
