@@ -447,12 +447,14 @@ def matmul_params(mc) -> int:
     return mc.num_params - embed
 
 
-def train_model_flops(mc, rows: int, T: int) -> float:
+def train_model_flops(mc, rows: int, T: int, adapters: bool = False) -> float:
     """The update's useful FLOPs for rows x T tokens: 6 N per token (forward and backward
     over the matmul parameters) plus causal attention, 6 L H D T per token (QK^T and AV over
-    on average T / 2 earlier positions, 4 L H D T/2 forward, x3 with the backward)."""
+    on average T / 2 earlier positions, 4 L H D T/2 forward, x3 with the backward). With
+    LoRA adapters the frozen base gets no weight gradient: 4 N per token (the adapters'
+    own FLOPs, rank r << hidden, are left out)."""
     attn = 6 * mc.num_layers * mc.num_heads * mc.head_dim * T
-    return rows * T * (6 * matmul_params(mc) + attn)
+    return rows * T * ((4 if adapters else 6) * matmul_params(mc) + attn)
 
 
 def decode_model_flops(mc, span: int) -> float:
@@ -583,7 +585,8 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             b = _memory(compiled)
             report["programs"][name] = {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
                                         **_figures(compiled, chip, peak,
-                                                   _model_flops(name, mc, shapes) / m.size),
+                                                   _model_flops(name, mc, shapes,
+                                                                tr["adapters"]) / m.size),
                                         "compile_seconds": time.perf_counter() - t0}
     report["phases"] = _phases(report)
     report["estimates"] = _estimates(report, mc)
@@ -593,10 +596,10 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     return report
 
 
-def _model_flops(name: str, mc, s: dict) -> float:
+def _model_flops(name: str, mc, s: dict, adapters: bool = False) -> float:
     """A program's model FLOPs on the whole slice (train step, prefill, decode; else 0)."""
     if name == "train_step":
-        return train_model_flops(mc, s["minibatch_rows"], s["row_len"])
+        return train_model_flops(mc, s["minibatch_rows"], s["row_len"], adapters)
     if name in ("decode", "decode_training_layout"):
         return s["sampler_rows"] * s["decode_steps"] * decode_model_flops(mc, s["cache_len"])
     if name == "prefill":       # the LM head at each row's last new token only
@@ -643,7 +646,8 @@ def _estimates(rep: dict, mc) -> dict:
     out = {}
     ts = p.get("train_step", {})
     if "estimated_seconds" in ts:
-        model = train_model_flops(mc, s["minibatch_rows"], s["row_len"]) / chips
+        model = train_model_flops(mc, s["minibatch_rows"], s["row_len"],
+                                  rep["training"]["adapters"]) / chips
         out.update(train_model_flops_per_chip=model,
                    train_mfu=model / ts["estimated_seconds"] / rep["peak_flops_per_chip"],
                    train_tokens_per_second_per_chip=s["minibatch_rows"] * s["row_len"]

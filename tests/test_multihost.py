@@ -152,7 +152,8 @@ def test_processes_share_one_mesh_and_their_rows(two_process_run):
     _, outs = two_process_run
     for i, out in enumerate(outs):
         assert (f"process {i} of 2: mesh {{'data': 1, 'fsdp': 2, 'tensor': 1}} over 2 devices; "
-                "sampling on the training mesh; this process steps the environments of rows "
+                "sampling on a serving layout of the same devices; this process steps the "
+                "environments of rows "
                 f"{i}, {i + 2}, ...") in out, out
 
 
