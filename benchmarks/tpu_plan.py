@@ -147,6 +147,13 @@ def targets(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _floor(p: dict) -> str:
+    """'*' where a program's compute time is its model-FLOPs floor (its kernels' FLOPs are
+    not in the HLO): an MFU of 100% there is by construction, an upper bound."""
+    return "*" if p.get("bound") == "compute" and p.get("model_flops_per_chip", 0) > p.get(
+        "flops_per_chip", 0) else ""
+
+
 def markdown(res: dict) -> str:
     out = ["Estimates from programs compiled for each slice (libtpu describes the slice, XLA "
            "compiles the run's own programs on this CPU host): nothing ran on a TPU, no figure "
@@ -159,7 +166,9 @@ def markdown(res: dict) -> str:
            "beside the sampler's largest program (the serving copy being made, prefill or "
            "decode, each with the serving weights and the KV cache); the update, the train "
            "step. MFU: 6 N tokens (4 N with LoRA adapters: no gradient for the frozen base) "
-           "plus causal attention over the train step's estimated time at the peak. Rollout tokens/s a chip: the sampler rows' decode tokens over one "
+           "plus causal attention over the train step's estimated time at the peak; * marks a "
+           "compute time that is that model-FLOPs floor (the splash kernel's FLOPs are not in "
+           "the HLO), where the MFU is 100% by construction, an upper bound. Rollout tokens/s a chip: the sampler rows' decode tokens over one "
            "decode chunk's estimated time, on the training (FSDP) layout (before) and the "
            "serving layout (after); roofline: the chunk's estimate over every chip reading its "
            "serving weights and its share of the KV cache once a step. Each setup is tried on "
@@ -194,7 +203,8 @@ def markdown(res: dict) -> str:
         cells = [r["what"], r["topology"], str(r["chips"]),
                  f"{sv['mesh']['data']} x {sv['tensor']}" if sv else "-",
                  phase("rollout"), phase("update"), "yes" if r["fits"] else "**no**",
-                 err("train_step") or (f"{ts['bound']}, {100 * e['train_mfu']:.0f}%"
+                 err("train_step") or (f"{ts['bound']}{_floor(ts)}, "
+                                       f"{100 * e['train_mfu']:.0f}%{_floor(ts)}"
                                        if "train_mfu" in e else "-"),
                  decode("decode_training_layout",
                         "training_layout_rollout_tokens_per_second_per_chip",
