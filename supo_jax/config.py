@@ -380,7 +380,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
     if cfg.rollout.tensor < 0:
         raise ConfigError(f"rollout.tensor={cfg.rollout.tensor}: the sampler's tensor-group size "
-                          "is a positive divisor of the device count, or 0 (chosen by memory)")
+                          "is a positive divisor of the device count, the heads and the kv "
+                          "heads, or 0 (the largest such size)")
     if cfg.optim.minibatch_rows % cfg.optim.micro:
         raise ConfigError(f"optim.minibatch_rows={cfg.optim.minibatch_rows} is not a multiple of "
                           f"optim.micro={cfg.optim.micro}")

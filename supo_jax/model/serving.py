@@ -49,7 +49,7 @@ def check_tensor(tensor: int, cfg, n_devices: int) -> None:
         raise ValueError(f"rollout.tensor={tensor}: a tensor group must divide the {n_devices} "
                          f"devices, the model's {cfg.num_heads} heads and its "
                          f"{cfg.num_kv_heads} kv heads; one of {', '.join(map(str, ok))} "
-                         "(0 = chosen by memory)")
+                         "(0: the largest of them)")
 
 
 def serving_bytes(params, dtype) -> int:
