@@ -254,11 +254,6 @@ def serving_params(params, mesh, compute_dtype):
     return out
 
 
-def nnx_pure(state) -> dict:
-    from flax import nnx
-    return nnx.to_pure_dict(state)
-
-
 def _shard_bytes(tree) -> int:
     """Bytes a chip holds of an abstract tree (each leaf's shard under its sharding)."""
     import jax
@@ -543,7 +538,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                              # what a decode step reads of them: not the input embedding's
                              # table (a lookup of a row a token) unless it is the LM head too
                              "decode_read_bytes_per_chip": _shard_bytes(sparams) - (
-                                 0 if mc.tie_embeddings else _shard_bytes(nnx_pure(sparams)["embed"]))}
+                                 0 if mc.tie_embeddings else _shard_bytes(sparams["embed"]))}
         report["training_state_bytes_per_chip"] = state_bytes
         unknown = set(programs or ()) - set(built)
         if unknown:

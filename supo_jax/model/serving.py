@@ -52,14 +52,6 @@ def check_tensor(tensor: int, cfg, n_devices: int) -> None:
                          "(0: the largest of them)")
 
 
-def serving_bytes(params, dtype) -> int:
-    """Bytes of the serving copy of `params` (floating parameters in the compute dtype)."""
-    def one(path, x):
-        keep = not _casts(_name(path), x.dtype, dtype)
-        return x.size * (x.dtype.itemsize if keep else np.dtype(dtype).itemsize)
-    return sum(jax.tree.leaves(jax.tree_util.tree_map_with_path(one, _pure(params))))
-
-
 def auto_tensor(cfg, n_devices: int) -> int:
     """rollout.tensor = 0: the largest valid group. A decode step reads every weight once a
     group, so n / T copies are read a step over the slice: the larger the group, the fewer
@@ -80,10 +72,6 @@ def serving_mesh(mesh: Mesh, tensor: int) -> Mesh:
 
 def _name(path) -> str:
     return ".".join(str(getattr(k, "key", k)) for k in path)
-
-
-def _pure(state):
-    return nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
 
 
 def _casts(name: str, have, want) -> bool:
