@@ -56,8 +56,10 @@ def _table(text):
 
 # how far a figure of the Quickstart table may be from the README's on another CPU (the run
 # is deterministic on one CPU; another CPU's floating-point rounding samples other tokens):
-# about 1.5x the largest difference seen between two 2-core machines (README, Quickstart)
-QUICK_TOLERANCE = {"success_rate": 0.2, "overlong_rate": 0.15, "summary_state_share": 0.15,
+# about 1.5x the largest difference seen between two 2-core machines (README, Quickstart).
+# The state share of step 30's training rollouts rests on about 30 summaries: 0.800 in the
+# README's run, 1.000 on CI's machine (experiments/LOG.md, 2026-11-28), so 0.25 there
+QUICK_TOLERANCE = {"success_rate": 0.2, "overlong_rate": 0.15, "summary_state_share": 0.25,
                    "summaries_mean": 0.6, "tool_calls_mean": 1.5}
 
 
