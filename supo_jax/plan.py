@@ -9,7 +9,8 @@ traced as a run on that slice traces them (supo_jax.model.platform: splash atten
 precision, remat by the chip's memory, the sampler's layer scan):
 
   train_step   supo_jax.rl.train_step.train_step on one minibatch: optim.minibatch_rows rows
-               of the longest training row (optim.max_row_len, else W = context.working_context),
+               of the longest training row (optim.max_row_len, else the row bound: W, or
+               more under the paper's trigger rule, plan.row_bound),
                the policy's parameters and the trainer's optimizer state sharded by
                supo_jax.model.sharding's rules over the mesh (mesh.data x mesh.fsdp x
                mesh.tensor; fsdp -1 spans the chips), the batch over (data, fsdp)
@@ -17,11 +18,11 @@ precision, remat by the chip's memory, the sampler's layer scan):
                (Sampler.append runs longer appends as calls of PREFILL_CHUNK tokens) for every
                sampler row
                (supo_jax.rl.runs.sampler_rows: min(rollout.rows, tasks_per_step x group_size)
-               rounded up to the serving layout's groups) into a cache of W slots, on the
+               rounded up to the serving layout's groups) into a cache of row-bound slots, on the
                serving layout (supo_jax.model.serving: tensor groups of rollout.tensor chips,
                or the fewest whose weights fit beside the training state)
   decode       supo_jax.sampling.sampler.decode: one chunk of decode steps over those rows,
-               attending over all W slots, on the serving layout
+               attending over all those slots, on the serving layout
   to_serving   the one jitted call that makes the serving copy of the trained parameters
   recompute_logprobs   (only with optim.recompute_old_logprobs)
   decode_host_copy     (host_copy=True / --host-copy) the decode of one host's share of the
@@ -149,6 +150,21 @@ def _describe(name: str, chip_config, per_host, topology: str) -> list:
 TINY = "tiny"     # --model-config tiny: the config's tiny model, asked for by name
 
 
+def row_bound(cfg) -> int:
+    """context.row_bound for the run's tokenizer where model.path / train.init_from has one,
+    else its upper bound without a tokenizer (W; under the paper's rule the summary's own
+    budget beyond L, the instruction counted as a token a byte)."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.model.policy import load_tokenizer
+
+    path = cfg.train.init_from or cfg.model.path
+    try:
+        fmt = ChatFormat(load_tokenizer(path)) if path else None
+    except Exception:  # noqa: BLE001 - no tokenizer there: the bound without one
+        fmt = None
+    return cfg.context.row_bound(fmt)
+
+
 def resolve_model_config(cfg, model_config_dir: str | None):
     """The architecture: a directory's config.json (--model-config DIR), else model.path /
     train.init_from's config.json; the config's tiny model (with the vocabulary of its
@@ -270,12 +286,12 @@ def _train_programs(cfg, mc, mesh):
 
     from supo_jax.model.sharding import batch_sharding
     from supo_jax.rl.batch import TrainBatch
-    from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step
+    from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step, trainable
 
     o, r, ctx = cfg.optim, cfg.rollout, cfg.context
     graphdef, params, cdt = abstract_policy(mc, cfg.model, mesh)
-    # the train step: one minibatch of the longest rows (rl.runs.row_len: W is the bound)
-    T = o.max_row_len or ctx.working_context
+    # the train step: one minibatch of the longest rows (rl.runs.row_len: the row bound)
+    T = o.max_row_len or row_bound(cfg)
     rows = o.minibatch_rows
     if rows % o.micro:
         raise ValueError(f"optim.minibatch_rows={rows} does not split into optim.micro={o.micro} "
@@ -291,7 +307,8 @@ def _train_programs(cfg, mc, mesh):
     loss_cfg = dataclasses.replace(cfg.loss, temperature=r.temperature or 1.0)
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
     out = {"train_step": (train_step, (graphdef, params, opt_state, batch), dict(
-        tx=tx, cfg=loss_cfg, micro=o.micro, ref_params=params if cfg.loss.kl_coef else None,
+        tx=tx, cfg=loss_cfg, micro=o.micro,
+        ref_params=trainable(params) if cfg.loss.kl_coef else None,
         lr=scalar, max_kl=scalar if o.max_kl > 0 else None))}
     if o.recompute_old_logprobs:
         out["recompute_logprobs"] = (recompute_logprobs, (graphdef, params, batch, loss_cfg), {})
@@ -311,8 +328,8 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
 
     r, ctx = cfg.rollout, cfg.context
     cdt = _compute_dtype(cfg.model)
-    W, B = ctx.working_context, rows
-    # the sampler's cache of W slots in the compute dtype, sharded as Sampler shards it
+    W, B = row_bound(cfg), rows
+    # the sampler's cache of W slots (the row bound) in the compute dtype, sharded as Sampler shards it
     cache_shape = (mc.num_layers, B, mc.num_kv_heads, W, mc.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
                                          cache_shape, mesh))

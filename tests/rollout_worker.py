@@ -1,13 +1,17 @@
 """One process of a rollout run for tests/test_multihost.py: the tiny_test policy on the run's
 mesh (every device of every process: SUPO_JAX_COORDINATOR etc. start several processes),
 trainer.rollout_batch over a fixed set of tasks, each rollout written as JSON to
-OUT/rollouts_<process index>.json.
+OUT/rollouts_<process index>.json, with what this process saw: the meshes, which rollouts
+it reset (env.name=recorded/pages), where the policy's parameters live, and how many
+programs a hundred exchanges of random sizes between the processes compiled.
 
     python -m tests.rollout_worker RUN_DIR OUT [key=value ...]
 """
 import json
 import os
 import sys
+
+import numpy as np
 
 
 def main(run_dir: str, out: str, sets: list[str]) -> None:
@@ -19,9 +23,10 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     from supo_jax.agent.render import ChatFormat
     from supo_jax.config import load_config
     from supo_jax.envs import make_tasks
-    from supo_jax.rl.multihost import make_run_mesh
+    from supo_jax.rl.multihost import allgather_json, make_run_mesh
     from supo_jax.rl.runs import build_policy, serving_policy
     from supo_jax.rl.trainer import rollout_batch
+    from tests import worker_envs
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config(os.path.join(root, "experiments", "configs", "tiny_test.py"), sets)
@@ -30,13 +35,27 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     fmt = ChatFormat(policy.tokenizer)
     tasks = make_tasks(cfg.env.name, "train", cfg.rollout.tasks_per_step, seed=cfg.env.seed,
                        **cfg.env.knobs)
+    worker_envs.RESETS.clear()      # (building the tokenizer resets environments too)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=7)
+    leaf = jax.tree.leaves(policy.split()[1])[0]
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: compiles.append(name)
+        if name == "/jax/compilation/backend_compile_duration" else None)
+    rng = np.random.default_rng(jax.process_index())
+    for _ in range(100):
+        got = allgather_json("x" * int(rng.integers(1, 100_000)))
+        assert len(got) == jax.process_count()
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rollouts_{jax.process_index()}.json"), "w") as f:
         json.dump({"mesh": dict(mesh.shape) if mesh else None,
                    "serving_mesh": dict(m.shape) if (m := serving_policy(
                        cfg, policy).mesh) else None,
                    "processes": jax.process_count(), "devices": jax.device_count(),
+                   "resets": worker_envs.RESETS,
+                   "param_devices": len(leaf.sharding.device_set),
+                   "param_processes": len({d.process_index for d in leaf.sharding.device_set}),
+                   "exchange_compiles": len(compiles),
                    "rollouts": [r.to_json() for r in ro]}, f)
 
 

@@ -1,7 +1,11 @@
-"""W is a hard bound: 4800 random rollouts (480 per manager and trigger rule) (random action,
-summary and observation lengths, actions cut at their budget, every context manager, both
-trigger rules, the summary instruction as a system or a user turn, random W and caps); no
-request plus its generation and no training row ever exceeds W, and every budget is >= 1."""
+"""The row bound holds: 4800 random rollouts (480 per manager and trigger rule) (random
+action, summary and observation lengths, generations cut at their budget, every context
+manager, both trigger rules, the summary instruction as a system or a user turn, random W and
+caps); no request plus its generation and no training row ever exceeds
+ContextConfig.row_bound (W; under the paper's rule, L + instruction + generation prompt + max
+summary tokens for a summarizing manager), every budget is >= 1, a summary request gets
+max_summary_tokens whole (reserve: within W; paper: beyond it), and a summary cut at its
+budget is never trained (the rollout ends: summary_cut)."""
 import dataclasses
 import random
 
@@ -39,10 +43,12 @@ class _RandomActor:
 
     def act(self, requests):
         out = []
-        W = self.cfg.working_context
+        W = self.cfg.row_bound(self.fmt)
         for r in requests:
             if r.max_new < 1 or len(r.tokens) + r.max_new > W:
                 self.errors.append(("request", len(r.tokens), r.max_new, W))
+            if r.summarize and r.max_new != self.cfg.max_summary_tokens:
+                self.errors.append(("summary budget", r.max_new, self.cfg.max_summary_tokens))
             rng = self.rng
             if r.summarize:
                 text = "<summary>" + " s" * rng.randint(0, 3 * self.cfg.max_summary_tokens) + "</summary>"
@@ -81,13 +87,20 @@ def test_no_request_or_row_exceeds_W(manager, rule):
         ro = run_rollouts(actor, _Walk, tasks, fmt, cfg, group_size=12, rows=48,
                           summarizer=actor)
         rollouts += len(ro)
+        bound = cfg.row_bound(fmt)
+        assert bound == cfg.working_context if rule == "reserve" or not cfg.summarizes else (
+            bound == max(cfg.working_context, cfg.limit(fmt) + cfg.instruction_len(fmt)
+                         + len(fmt.gen_prompt) + cfg.max_summary_tokens))
         for r in ro:
-            assert r.counters["max_context"] <= cfg.working_context
+            assert r.counters["max_context"] <= bound
             if cfg.summarizes:
-                assert r.counters["effective_context"] <= cfg.working_context * (
-                    r.counters["summaries"] + 1)
+                assert r.counters["effective_context"] <= bound * (r.counters["summaries"] + 1)
+                cut = [m for m in r.transcript if m.get("cut")]
+                assert (r.reason == "summary_cut") == bool(cut)
+                if cut and manager == "supo":   # rows: one a whole summary, then the open one
+                    assert len(r.segments) - r.counters["summaries"] in (0, 1)
             for s in r.segments + r.dropped:
-                if len(s.tokens) > cfg.working_context:
-                    errors.append(("row", len(s.tokens), cfg.working_context))
+                if len(s.tokens) > bound:
+                    errors.append(("row", len(s.tokens), bound))
     assert rollouts >= 480     # x 5 managers
     assert not errors, errors[:5]

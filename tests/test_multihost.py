@@ -85,18 +85,26 @@ def two_process_run(tmp_path_factory):
 
 # 6 tasks x 2 samples on 8 sampler rows (rows are reused), 8 turns with summaries, T = 1
 # two kv heads, so that the serving layout can split them over tensor groups of 2 chips
+# (fncall/pages, recording which process reset each rollout: tests/worker_envs.py)
 ROLLOUT_SETS = ["rollout.tasks_per_step=6", "rollout.group_size=2", "rollout.rows=8",
-                "context.max_steps=8", "model.tiny_kv_heads=2"]
+                "context.max_steps=8", "model.tiny_kv_heads=2", "env.name=recorded/pages"]
 # (processes, devices each) -> rollout.tensor: 1 process x 8 devices groups of one device,
 # 2 processes x 4 devices the default (the largest group: 2 chips, the kv heads)
 TENSOR = {(1, 1): 0, (1, 8): 1, (2, 4): 0}
 
 
 @pytest.fixture(scope="module")
-def mesh_rollouts(tmp_path_factory):
+def rollout_run_dir(tmp_path_factory):
+    """The run directory of the rollout workers: the first run trains the tokenizer, the
+    others load it."""
+    return str(tmp_path_factory.mktemp("rollout_run") / "run")
+
+
+@pytest.fixture(scope="module")
+def mesh_rollouts(tmp_path_factory, rollout_run_dir):
     """{(processes, devices each): every process's output} of tests/rollout_worker.py."""
     base = tmp_path_factory.mktemp("mesh_rollouts")
-    run_dir = str(base / "run")        # the first run trains the tokenizer, the others load it
+    run_dir = rollout_run_dir
     got = {}
     for n, d in [(1, 1), (1, 8), (2, 4)]:
         out = str(base / f"{n}x{d}")
@@ -135,9 +143,10 @@ def test_sampling_on_the_serving_layout_matches_one_process(mesh_rollouts):
     assert two[0]["rollouts"] == two[1]["rollouts"]
     ref = one["rollouts"]
     assert len(ref) == 12
-    # the rollouts ran long enough to summarize and to reuse rows
-    assert sum(r["counters"]["summaries"] for r in ref) >= 12
-    assert len({tuple(s["tokens"]) for r in ref for s in r["segments"]}) > 12
+    # the rollouts ran long enough to ask for summaries (the random policy's are cut at
+    # their budget: summary_cut) and 12 rollouts reused the 8 rows
+    assert sum(bool(m.get("summary")) for r in ref for m in r["transcript"]) >= 6
+    assert sum(r["reason"] == "summary_cut" for r in ref) >= 6
     for got in (eight["rollouts"], two[0]["rollouts"]):
         assert _tokens(got) == _tokens(ref)
         np.testing.assert_allclose(_logprobs(got), _logprobs(ref), atol=1e-5)
@@ -148,13 +157,50 @@ def _metrics(run_dir):
         return [json.loads(x) for x in f if x.strip()]
 
 
-def test_processes_share_one_mesh_and_their_rows(two_process_run):
-    _, outs = two_process_run
-    for i, out in enumerate(outs):
-        assert (f"process {i} of 2: mesh {{'data': 1, 'fsdp': 2, 'tensor': 1}} over 2 devices; "
-                "sampling on a serving layout of the same devices; this process steps the "
-                "environments of rows "
-                f"{i}, {i + 2}, ...") in out, out
+def test_processes_share_one_mesh_and_their_rows(mesh_rollouts):
+    """2 processes x 4 devices: the policy's parameters live on all 8 devices of both
+    processes (one mesh), each process resets the environments of its own rows only (every
+    rollout reset once, by one process, both taking part), and a hundred exchanges of random
+    sizes between them compile a handful of all-gather programs (padded to powers of two)."""
+    two, (one,) = mesh_rollouts[2, 4], mesh_rollouts[1, 1]
+    for p in two:
+        assert p["param_devices"] == 8 and p["param_processes"] == 2
+        assert p["resets"]                                  # both step environments
+        assert p["exchange_compiles"] <= 10, p["exchange_compiles"]
+    assert sorted(two[0]["resets"] + two[1]["resets"]) == sorted(one["resets"])
+    assert len(one["resets"]) == 12
+
+
+@pytest.fixture(scope="module")
+def faulty_rollouts(tmp_path_factory, rollout_run_dir, mesh_rollouts):
+    """2 processes x 1 device over faulty/pages: process 1's environments fail in turn in
+    their constructor, reset, step and reward (tests/worker_envs.py)."""
+    base = tmp_path_factory.mktemp("faulty")
+    out = str(base / "out")
+    sets = [s for s in ROLLOUT_SETS if not s.startswith(("env.name", "rollout.rows"))]
+    _processes([sys.executable, "-m", "tests.rollout_worker", rollout_run_dir, out] + sets
+               + ["env.name=faulty/pages", "rollout.rows=4", "rollout.tensor=0"], 2, 1,
+               timeout=300)
+    got = []
+    for i in range(2):
+        with open(os.path.join(out, f"rollouts_{i}.json")) as f:
+            got.append(json.load(f)["rollouts"])
+    return got
+
+
+def test_one_hosts_failing_environments_fail_their_rollouts_not_the_run(faulty_rollouts):
+    """Environments that raise when built, in reset or in step, or return a reward that is not
+    a number, on one process only: both processes finish the batch (no wait in the
+    exchange) with the same rollouts, those marked env_error with the failure named, the
+    other process's rollouts untouched."""
+    a, b = faulty_rollouts
+    assert a == b and len(a) == 12
+    errors = [r["transcript"][-1]["content"] for r in a if r["reason"] == "env_error"]
+    for where in ("init", "reset", "step", "reward"):
+        assert any(f"injected fault: {where}" in e for e in errors), (where, errors)
+    assert {r["reason"] for r in a} <= {"env_error", "answer", "max_steps", "max_summaries",
+                                        "context_limit", "summary_cut"}
+    assert len(errors) < len(a) - 1        # process 0's rollouts ran
 
 
 def test_processes_agree_on_the_losses(two_process_run):

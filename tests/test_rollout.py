@@ -143,6 +143,109 @@ def test_env_failures_end_only_their_rollout(fmt):
     assert "backend exploded" in ro[1].transcript[-1]["content"]
 
 
+class _Broken(Environment):
+    """An environment that breaks the protocol as it is built to (the next of `modes`):
+    raising when built, returning a prompt that is not text, a reward that is not a number,
+    NaN, an info that is not a dict, an observation whose str() raises."""
+    name = "broken"
+    tools = _Flaky.tools
+    modes = iter(())
+
+    def __init__(self):
+        self.mode = next(self.modes)
+        if self.mode == "init":
+            raise RuntimeError("cannot reach the tool server")
+
+    def reset(self, task):
+        return Reset(b"bytes" if self.mode == "prompt" else "Ping until done.", list(self.tools))
+
+    def step(self, name, arguments):
+        return StepResult("pong")
+
+    def act(self, text):
+        class Unprintable:
+            def __str__(self):
+                raise ValueError("no text")
+        return {"reward": StepResult("pong", reward="high"),
+                "nan": StepResult("pong", reward=float("nan")),
+                "info": StepResult("pong", info=["not", "a", "dict"]),
+                "obs": StepResult(Unprintable()),
+                }.get(self.mode, StepResult("pong"))
+
+
+def test_environments_that_break_the_protocol_fail_their_rollout_only(fmt):
+    """Whatever an environment raises or returns out of protocol -- when built, in reset, in
+    its step's reward, info or observation -- ends its own rollout as env_error, naming the
+    cause; the healthy rollout of the batch runs to its end."""
+    modes = ["ok", "init", "prompt", "reward", "nan", "info", "obs"]
+    _Broken.modes = iter(modes)
+
+    class Pinger:
+        def act(self, messages, summarize):
+            return '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+    tasks = [{"task_id": m} for m in modes]
+    ro = run_rollouts(ScriptedActor(Pinger(), fmt), _Broken, tasks, fmt,
+                      ContextConfig("full", 2000, max_steps=3), rows=len(modes))
+    assert sorted(r.reason for r in ro) == ["env_error"] * 6 + ["max_steps"]
+    said = " ".join(r.transcript[-1]["content"] for r in ro if r.reason == "env_error")
+    for cause in ["cannot reach the tool server", "prompt of type bytes",
+                  "could not convert string to float: 'high'", "reward is nan",
+                  "info is a list", "no text"]:
+        assert cause in said, (cause, said)
+
+
+class _Hang(Environment):
+    """Hangs in step until released (a tool that never answers), or answers at once."""
+    name = "hang"
+    tools = _Flaky.tools
+    release = None
+
+    def reset(self, task):
+        self.hang = task["hang"]
+        return Reset("Ping until done.", list(self.tools))
+
+    def step(self, name, arguments):
+        if self.hang:
+            self.release.wait()
+        return StepResult("pong")
+
+
+def test_hung_calls_cost_a_round_one_timeout_and_never_exhaust_the_pool(fmt):
+    """20 rollouts whose tool never answers, with 4 healthy ones, on 4 rows (a worker each):
+    each round waits one timeout at most (one deadline for all its calls, however
+    many hang), and the workers stuck in hung calls are replaced, so later resets and steps
+    still run (the healthy rollouts end at max_steps, the hung ones as timeouts of a step)."""
+    import threading
+
+    _Hang.release = threading.Event()
+    rounds = []
+
+    class Pinger:
+        def act(self, messages, summarize):
+            return '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+    class Rounds(ScriptedActor):
+        def act(self, requests):
+            rounds.append(len(requests))
+            return super().act(requests)
+
+    tasks = [{"task_id": i, "hang": i % 6 != 0} for i in range(24)]
+    timeout = 0.4
+    t0 = time.perf_counter()
+    try:
+        ro = run_rollouts(Rounds(Pinger(), fmt), _Hang, tasks, fmt,
+                          ContextConfig("full", 2000, max_steps=2), rows=4,
+                          env_timeout_s=timeout)
+    finally:
+        _Hang.release.set()
+    took = time.perf_counter() - t0
+    assert [r.reason for r in ro] == ["max_steps" if t["hang"] is False else "timeout"
+                                      for t in tasks]
+    assert all("step" in r.transcript[-1]["content"] for r in ro if r.reason == "timeout")
+    assert took < len(rounds) * timeout + 2.0, (took, len(rounds))
+
+
 def test_initial_prompt_larger_than_W_fails_its_rollout_only(fmt):
     """A task whose prompt does not fit W, anywhere in the batch, ends its own rollouts
     (context_limit, the reason in the transcript); the others run. The trainer's start-time
@@ -203,7 +306,8 @@ def test_policy_rollouts_train_on_exactly_what_the_sampler_saw(fmt):
     seen = {toks: lps for toks, lps in rec.seen}
     n_seg = 0
     for r in ro:
-        assert r.reason in ("max_steps", "max_summaries", "context_limit", "answer")
+        assert r.reason in ("max_steps", "max_summaries", "context_limit", "answer",
+                            "summary_cut")
         for s in r.segments:
             n_seg += 1
             assert s.tokens in seen   # a segment is one request + its sampled continuation
@@ -309,7 +413,8 @@ def test_policy_actor_without_cache_reuse_prefills_everything_and_samples_the_sa
         assert a.reason == b.reason and a.counters == b.counters
         for sa, sb in zip(a.segments, b.segments):
             np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-4)
-    assert sum(r.counters["summaries"] for r in ro_a) > 0
+    # the random policy asked for summaries (cut at their 16 tokens: summary_cut)
+    assert sum(bool(m.get("summary")) for r in ro_a for m in r.transcript) > 0
 
 
 def test_count_needs_summaries_at_W(fmt):
@@ -374,14 +479,19 @@ def test_a_chat_templates_own_tool_call_form_is_read(form):
 
 
 def test_a_scripted_expert_summary_cut_at_its_budget_is_said_once():
-    """An expert whose summary outgrows max_summary_tokens is cut (and the rollout loses what
-    the cut part held): a warning says so, once, instead of a silent 0%."""
+    """An expert whose summary outgrows max_summary_tokens is cut, which ends its rollout
+    (summary_cut, the summary in no row): a warning says so, once, instead of a silent 0%."""
     fmt = ChatFormat(tiny_tokenizer(template="compact"))
     cfg = ContextConfig("supo", 500, max_steps=60, max_summaries=4, max_action_tokens=64,
                         max_summary_tokens=8, max_observation_tokens=64)
     actor = ScriptedActor(expert_for("fncall/tallest"), fmt)
     with pytest.warns(UserWarning, match="summary takes .* tokens and its budget is 8") as rec:
-        run_rollouts(actor, lambda: make_env("fncall/tallest"),
+        ro = run_rollouts(actor, lambda: make_env("fncall/tallest"),
                      make_tasks("fncall/tallest", "eval", 4, size=9), fmt, cfg)
     assert actor.cut_summaries >= 2
     assert sum("summary takes" in str(w.message) for w in rec) == 1
+    assert [r.reason for r in ro].count("summary_cut") == actor.cut_summaries
+    for r in ro:    # no row trains a cut summary: every trained token is an action's
+        for seg in r.segments:
+            trained = [t for t, m in zip(seg.tokens, seg.mask) if m]
+            assert "<summary>" not in fmt.decode(trained)

@@ -10,19 +10,24 @@ context, whether a segment (a training row) ends, and which tokens are trained:
 context + generation prompt), "summarize" (context + summary instruction +
 generation prompt) or "done" (with `state.reason`).
 
-W is a hard bound: no request plus its output, and no training row, ever exceeds W
-tokens. Every generation's budget is min(its max tokens, W - request length). The manager
-acts at L (ContextConfig.trigger_rule):
+No request plus its output, and no training row, exceeds ContextConfig.row_bound tokens:
+W, except for a summary under the paper's rule. An action's budget is min(max_action_tokens,
+W - request length). The manager acts at L (ContextConfig.trigger_rule):
   paper    L = floor(trigger_ratio * W), the paper's 0.95 W (clamped to W - generation
            prompt - 1, so that an action always has a token of room; this binds only when
-           W is below ~20 generation prompts). A summary request (context below L +
-           instruction + generation prompt) gets what W leaves, up to max_summary_tokens: a
-           summary cut at W is used as written. A request that leaves no token ends the
-           rollout as context_limit (no answer, so overlong-masked).
+           W is below ~20 generation prompts). As in the paper (docs/SUPO.md §2), the summary
+           has a budget of its own beyond W: a summary request (the context before the
+           dropped pair, below L, + instruction + generation prompt) gets max_summary_tokens,
+           so W is soft and a row is bounded by L + instruction + generation prompt + max
+           summary tokens.
   reserve  L = min(trigger_ratio * W, W - reserve), where reserve is what a summary request
            still needs after the context (instruction + generation prompt + max summary
            tokens; for managers that never summarize, the generation prompt + 1 token): a
-           context below L always leaves room for the next action and for a full summary.
+           context below L always leaves room for the next action and for a full summary,
+           and W is hard.
+A summary cut at its budget (no stop token) is never trained or used as if whole: the
+rollout ends there, reason summary_cut (no answer, so overlong-masked), its last row ending
+with the last action.
 The summary instruction is a `summary_role` turn (system, as in the paper, or user).
 
 Managers (ContextConfig.manager):
@@ -55,7 +60,8 @@ from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
-REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout")
+REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout",
+           "summary_cut")
 ENV_FAILURES = ("env_error", "timeout")   # reasons where the environment failed the rollout
 NO_ANSWER = REASONS[1:]   # the rollout ended without an answer (overlong masking masks these)
 
@@ -130,15 +136,29 @@ class ContextConfig:
             return min(self.trigger, self.working_context - len(fmt.gen_prompt) - 1)
         return min(self.trigger, self.working_context - self.reserve(fmt))
 
-    def row_bound(self, fmt: ChatFormat) -> int:
-        """KV-cache slots a row needs and the longest training row: W (a hard bound)."""
-        return self.working_context
+    def row_bound(self, fmt: ChatFormat | None) -> int:
+        """KV-cache slots a row needs and the longest training row: W, or under the paper's
+        rule for a summarizing manager L + instruction + generation prompt + max summary
+        tokens when that is more (a summary's own budget beyond W). fmt None (no tokenizer
+        at hand, e.g. planning a model without one): an upper bound that counts the
+        instruction's turn as a token a byte plus 32."""
+        if self.trigger_rule != "paper" or not self.summarizes:
+            return self.working_context
+        if fmt is None:
+            instr, gp = len(self.summary_instruction.encode()) + 32, 32
+            limit = self.trigger
+        else:
+            instr, gp, limit = self.instruction_len(fmt), len(fmt.gen_prompt), self.limit(fmt)
+        return max(self.working_context, limit + instr + gp + self.max_summary_tokens)
 
     def budget(self, request_len: int, summary: bool) -> int:
         """Tokens a generation may add to a request of request_len tokens: its max, capped by
-        the room left in W."""
-        cap = self.max_summary_tokens if summary else self.max_action_tokens
-        return min(cap, self.working_context - request_len)
+        the room left in W (a summary under the paper's rule: its max, beyond W)."""
+        if summary:
+            if self.trigger_rule == "paper":
+                return self.max_summary_tokens
+            return min(self.max_summary_tokens, self.working_context - request_len)
+        return min(self.max_action_tokens, self.working_context - request_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,13 +331,14 @@ def _summarize(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> 
         return _end_dropping(a, dropped, "max_summaries")
     if grown.steps >= cfg.max_steps:
         return _end_dropping(a, dropped, "max_steps")
-    gp = len(fmt.gen_prompt)
-    # shown to the summarizer only if the summary request still fits W
+    gp, bound = len(fmt.gen_prompt), cfg.row_bound(fmt)
+    # shown to the summarizer only if the summary request still fits the row bound
     need = cfg.instruction_len(fmt) + gp + cfg.max_summary_tokens
-    show = cfg.show_dropped_to_summarizer and grown.context_len + need <= cfg.working_context
+    show = cfg.show_dropped_to_summarizer and grown.context_len + need <= bound
     base = grown if show else state
     instr = tuple(fmt.turn(base.last_role, cfg.summary_role, cfg.summary_instruction))
-    if len(base.tokens) + len(instr) + gp >= cfg.working_context:   # no room for a summary
+    room = bound - cfg.max_summary_tokens if cfg.trigger_rule == "paper" else bound - 1
+    if len(base.tokens) + len(instr) + gp > room:   # no room for a summary
         return _end_dropping(a, dropped, "context_limit")
     # the dropped pair's tokens stay in this segment only if shown to the summarizer
     # (a user turn in the dropped pair is the current request all the same: the restart
@@ -391,6 +412,12 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
 
     gp = tuple(fmt.gen_prompt)
     instr = state.pending[len(state.tokens):]
+    if not summary.tokens or summary.tokens[-1] not in fmt.stop_ids:   # cut at its budget
+        last = max((i + 1 for i, m in enumerate(state.mask) if m), default=len(state.tokens))
+        return finish(dataclasses.replace(
+            state, generated_tokens=state.generated_tokens + len(summary.tokens),
+            max_context=max(state.max_context, len(state.pending) + len(gp)
+                            + len(summary.tokens))), "summary_cut", end=last)
     seg = dataclasses.replace(state, **_extend(state, instr + gp, 0))
     seg = dataclasses.replace(seg, **_extend(seg, summary.tokens, 1 if trained else 0,
                                              summary.logprobs))

@@ -5,15 +5,21 @@ through the actor as one batch. A PolicyActor keeps each row's KV cache across
 turns: it prefills only the tokens after the longest common prefix of what the
 row holds and what it must see now, so within a segment only new tokens are
 prefilled and after a summary the row restarts from the cached initial prompt.
-Environment steps run in a thread pool, each with a timeout; an environment
-exception or timeout ends only that rollout (reason env_error / timeout).
-Finished rows free their slot for queued rollouts.
+Environment calls (building the environment, reset, step, and reading what they return)
+run in a pool of worker threads under one deadline a batch; anything an environment raises
+or returns that is not what the protocol says, and a call past its deadline, ends only that
+rollout (reason env_error / timeout), on every process alike. A worker stuck in a call is
+replaced, so hung calls never exhaust the pool. Finished rows free their slot for queued
+rollouts.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
 import json
+import queue
+import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
@@ -104,7 +110,7 @@ class ScriptedActor:
                     warnings.warn(
                         f"the scripted expert's summary takes {len(ids)} tokens and its budget "
                         f"is {r.max_new} (context.max_summary_tokens, or the room left in W): it "
-                        "is cut, and what it loses the rollout cannot recover; raise "
+                        "is cut, which ends the rollout (summary_cut); raise "
                         "context.max_summary_tokens or make the expert's summary() shorter",
                         stacklevel=2)
             ids = ids[:r.max_new]
@@ -181,6 +187,85 @@ def _cut_observation(fmt: ChatFormat, text: str, limit: int) -> str:
     return fmt.decode(ids[:keep]) + note
 
 
+class EnvPool:
+    """Daemon worker threads for environment calls. A call past its deadline cannot be
+    stopped from Python (a thread cannot be killed), so `abandon` gives its worker a
+    replacement: the pool keeps `workers` threads free of late calls, the worker of a late
+    call leaves when the call returns, and a call that never returns does not keep the
+    process from exiting."""
+
+    def __init__(self, workers: int) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.late: set = set()      # futures abandoned in a worker: it was replaced
+        self.live = 0
+        for _ in range(max(1, workers)):
+            self._add()
+
+    def _add(self) -> None:
+        self.live += 1
+        threading.Thread(target=self._work, daemon=True, name="env").start()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting driver
+                fut.set_exception(e)
+            with self.lock:
+                if fut in self.late:        # replaced while in this call: leave
+                    self.late.discard(fut)
+                    self.live -= 1
+                    return
+        with self.lock:
+            self.live -= 1
+
+    def submit(self, fn, *args) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        self.jobs.put((fut, fn, args))
+        return fut
+
+    def abandon(self, fut: cf.Future) -> None:
+        """Give up on `fut` (past its deadline): cancel it if no worker took it yet, else
+        start a worker to replace the one in it."""
+        if fut.cancel():
+            return
+        with self.lock:
+            if not fut.done() and fut not in self.late:
+                self.late.add(fut)
+                self._add()
+
+    def shutdown(self) -> None:
+        with self.lock:
+            n = self.live
+        for _ in range(n):
+            self.jobs.put(None)
+
+
+def wait_all(pool: EnvPool, futs: dict, timeout: float) -> dict:
+    """{key: outcome} of pool futures under one deadline (`timeout` seconds from now): the
+    result, the exception raised, or a TimeoutError for a call not done by then (abandoned)."""
+    done, _ = cf.wait(list(futs.values()), timeout=timeout)
+    out = {}
+    for k, f in futs.items():
+        if f in done:
+            out[k] = f.exception() or f.result()
+        else:
+            pool.abandon(f)
+            out[k] = cf.TimeoutError()
+    return out
+
+
+def _failure(e: BaseException, where: str) -> list:
+    """A failed environment call as a rollout outcome: ["timeout" | "env_error", message]."""
+    if isinstance(e, cf.TimeoutError):
+        return ["timeout", f"{where}: the environment did not answer in time"]
+    return ["env_error", f"{where}: {e!r}"[:500]]
+
+
 class _Row:
     def __init__(self, slot, task, group_id, sample, env, state):
         self.slot, self.task, self.group_id, self.sample = slot, task, group_id, sample
@@ -241,7 +326,7 @@ class _Driver:
         self.free = list(range(rows))[::-1]
         self.active: dict[int, _Row] = {}
         self.results: dict[tuple[int, int], Rollout] = {}
-        self.pool = cf.ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
+        self.pool = EnvPool(env_workers or rows)
 
     def close(self, row: _Row) -> None:
         st = row.state
@@ -262,37 +347,28 @@ class _Driver:
             self.progress(1)
 
     def start_rows(self) -> None:
-        """Fill free slots from the queue (env.reset off the accelerator path, by the process
-        that owns the slot); a reset that fails, times out or gives a prompt over L fails
-        that rollout only."""
-        starts = []
+        """Fill free slots from the queue. The process that owns a slot builds and resets its
+        environment in the pool; a build or reset that fails, times out or returns what is
+        not a prompt, and a prompt over L, fails that rollout only."""
+        starts, futs = [], {}
         while self.free and self.queue:
             task, gi, s = self.queue.pop()
             slot = self.free.pop()
-            env = fut = None
             if self.peers.owns(slot):
-                env = self.make_env()
-                if hasattr(env, "call_formats"):   # Environment: read the template's call forms
-                    env.call_formats = self.fmt.call_formats
-                if hasattr(env, "renders_tools"):  # whether the template shows the tools
-                    env.renders_tools = self.fmt.renders_tools
-                fut = self.pool.submit(env.reset, task)
-            starts.append((slot, task, gi, s, env, fut))
+                futs[slot] = self.pool.submit(self._reset, task)
+            starts.append((slot, task, gi, s))
         if not starts:
             return
-        mine = {}
-        for slot, _, _, _, _, fut in starts:
-            if fut is None:
-                continue
-            try:
-                rs = fut.result(timeout=self.timeout)
-                mine[slot] = ["ok", rs.system, rs.prompt, [t.schema() for t in rs.tools]]
-            except Exception as e:  # noqa: BLE001 - a failing env fails its rollout only
-                mine[slot] = ["timeout" if isinstance(e, cf.TimeoutError) else "env_error",
-                              f"reset: {e!r}"[:500]]
+        mine, envs = {}, {}
+        for slot, got in wait_all(self.pool, futs, self.timeout).items():
+            if isinstance(got, BaseException):
+                mine[slot] = _failure(got, "reset")
+            else:
+                envs[slot], mine[slot] = got
         got = self.peers.merge(mine)
-        for slot, task, gi, s, env, _ in starts:
+        for slot, task, gi, s in starts:
             kind, *rest = got[slot]
+            env = envs.get(slot)
             if kind == "ok":
                 try:
                     self.active[slot] = _Row(slot, task, gi, s, env, _start(self.fmt, self.cfg,
@@ -305,6 +381,20 @@ class _Driver:
             row.state = finish(row.state, kind, close=False)
             row.transcript.append({"role": "error", "content": rest[0]})
             self.close(row)
+
+    def _reset(self, task: dict) -> tuple[object, list]:
+        """In a pool worker: a new environment for `task` and its reset as plain values."""
+        env = self.make_env()
+        if hasattr(env, "call_formats"):   # Environment: read the template's call forms
+            env.call_formats = self.fmt.call_formats
+        if hasattr(env, "renders_tools"):  # whether the template shows the tools
+            env.renders_tools = self.fmt.renders_tools
+        rs = env.reset(task)
+        if not isinstance(rs.prompt, str) or not isinstance(rs.system, (str, type(None))):
+            raise TypeError(f"reset returned a prompt of type {type(rs.prompt).__name__} and "
+                            f"a system of type {type(rs.system).__name__}: text expected")
+        return env, ["ok", rs.system, rs.prompt,
+                     json.loads(json.dumps([t.schema() for t in rs.tools]))]
 
     def generate(self, acting: list[_Row], summ: list[_Row]) -> dict:
         """slot -> Generation for every waiting row: one batch per actor (one batch in all
@@ -329,31 +419,41 @@ class _Driver:
                 gens[r.slot] = g
         return gens
 
-    def probe(self, r: _Row, gens: dict):
-        """Whether a summary carries the state needed to continue (env.probe: a metric)."""
+    @staticmethod
+    def _probe(env, summary: str):
+        """In a pool worker: whether a summary carries the state needed to continue
+        (env.probe: a metric; None where it cannot say)."""
         try:
-            v = r.env.probe(self.fmt.action_text(gens[r.slot].tokens))
+            v = env.probe(summary)
         except Exception:  # noqa: BLE001
             return None
         return None if v is None else bool(v)      # plain: it may cross processes as JSON
 
-    def env_result(self, fut) -> list:
-        """An action's environment outcome as plain values: ["ok", observation (cut to
-        max_observation_tokens; None when done), done, reward, whether it was a tool call,
-        the observation's role, the step's info when it ended the episode],
-        or ["timeout" | "env_error", message] (which ends that rollout)."""
-        try:
-            res = fut.result(timeout=self.timeout)
-        except cf.TimeoutError:
-            return ["timeout", "environment step timed out"]
-        except Exception as e:  # noqa: BLE001
-            return ["env_error", f"step: {e!r}"[:500]]
-        obs = None if res.done else _cut_observation(self.fmt, res.observation,
-                                                     self.cfg.max_observation_tokens)
+    def _step(self, env, action: str) -> list:
+        """In a pool worker: env.act(action) as plain values, ["ok", observation (None when
+        done), done, reward, whether it was a tool call, the observation's role, the step's
+        info when it ended the episode]; raises if the result breaks the protocol."""
+        res = env.act(action)
+        done, reward, info = bool(res.done), float(res.reward), res.info or {}
+        if not np.isfinite(reward):
+            raise ValueError(f"the step's reward is {reward}: a finite number expected")
+        if not isinstance(info, dict):
+            raise TypeError(f"the step's info is a {type(info).__name__}: a dict expected")
+        obs = None if done else str(res.observation)[:64 * self.cfg.max_observation_tokens]
         role = "user" if getattr(res, "role", "tool") == "user" else "tool"
-        final = _json_values(res.info or {}) if res.done else {}
-        return ["ok", obs, bool(res.done), float(res.reward), "error" not in (res.info or {}),
-                role, final]
+        tool_call = "error" not in info and info.get("tool_call") is not False
+        return ["ok", obs, done, reward, tool_call, role, _json_values(info) if done else {}]
+
+    def _observation(self, out: list) -> list:
+        """A step's outcome with its observation cut to max_observation_tokens (here, not in
+        the worker: the tokenizer is not called from several threads)."""
+        if out[1] is None:
+            return out
+        try:
+            return [out[0], _cut_observation(self.fmt, out[1], self.cfg.max_observation_tokens),
+                    *out[2:]]
+        except Exception as e:  # noqa: BLE001
+            return _failure(e, "observation")
 
     def apply_summaries(self, summ: list[_Row], gens: dict, probes: dict) -> None:
         cfg = self.cfg
@@ -363,10 +463,13 @@ class _Driver:
             turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
             r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
                              {"role": "assistant", "content": text, "summary": True}]
-            r.summaries.append(text)
-            r.probes.append(probes[r.slot])
             r.state = after_summary(cfg, self.fmt, r.state, turn,
                                     trained=cfg.manager != "frozen_summarizer")
+            if r.state.reason == "summary_cut":
+                r.transcript[-1]["cut"] = True
+                continue
+            r.summaries.append(text)
+            r.probes.append(probes[r.slot])
             r.transcript.append(dict(r.state.messages[-1], continuation=True))
 
     def apply_env_results(self, acting: list[_Row], gens: dict, results: dict) -> None:
@@ -402,10 +505,18 @@ class _Driver:
         acting = [r for r in self.active.values() if r.state.phase == "act"]
         summ = [r for r in self.active.values() if r.state.phase == "summarize"]
         gens = self.generate(acting, summ)
-        futs = {r.slot: self.pool.submit(r.env.act, self.fmt.action_text(gens[r.slot].tokens))
-                for r in acting if r.env is not None}      # the rows this process owns
-        mine = {r.slot: ["probe", self.probe(r, gens)] for r in summ if r.env is not None}
-        mine.update({slot: self.env_result(fut) for slot, fut in futs.items()})
+        futs = {r.slot: self.pool.submit(self._step, r.env, self.fmt.action_text(
+            gens[r.slot].tokens)) for r in acting if r.env is not None}   # the rows it owns
+        futs.update({r.slot: self.pool.submit(self._probe, r.env, self.fmt.action_text(
+            gens[r.slot].tokens)) for r in summ if r.env is not None})
+        mine = {}
+        for slot, out in wait_all(self.pool, futs, self.timeout).items():
+            if self.active[slot].state.phase == "summarize":
+                mine[slot] = ["probe", None if isinstance(out, BaseException) else out]
+            elif isinstance(out, BaseException):
+                mine[slot] = _failure(out, "step")
+            else:
+                mine[slot] = self._observation(out)
         got = self.peers.merge(mine)
         self.apply_summaries(summ, gens, {r.slot: got[r.slot][1] for r in summ})
         self.apply_env_results(acting, gens, got)
@@ -417,11 +528,13 @@ class _Driver:
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
                  fmt: ChatFormat, cfg: ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
-                 env_workers: int = 8, progress: Callable[[int], None] | None = None,
+                 env_workers: int | None = None, progress: Callable[[int], None] | None = None,
                  peers: Peers | None = None) -> list[Rollout]:
     """Run group_size rollouts of every task; returns them in (task, sample) order.
 
-    make_env() builds a fresh environment per rollout. With the
+    make_env() builds a fresh environment per rollout. Environment calls run in env_workers
+    threads (default: one a row, so that a round's calls all start at once: the round's one
+    deadline, env_timeout_s, is each call's own). With the
     frozen_summarizer manager, `summarizer` writes the summaries (not trained).
     Several processes (peers: rl.multihost.ProcessPeers) call this together with the same
     arguments: each steps the environments of the rows it owns, all make the same sampler
@@ -436,7 +549,7 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
         while d.queue or d.active:
             d.step()
     finally:
-        d.pool.shutdown(wait=False, cancel_futures=True)
+        d.pool.shutdown()
     return [d.results[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
 
 
@@ -477,6 +590,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "generated_tokens_mean": sum(r.counters["generated_tokens"] for r in rollouts) / n,
         "overlong_rate": sum(not r.answered for r in rollouts) / n,
         "env_error_rate": sum(r.reason in ENV_FAILURES for r in rollouts) / n,
+        "summary_cut_rate": sum(r.reason == "summary_cut" for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
         "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
         "reasons": {k: sum(r.reason == k for r in rollouts) for k in REASONS

@@ -11,8 +11,8 @@ from supo_jax.text.templates import SHORT_SUMMARY_INSTRUCTION
 
 # setting -> why the recipe departs from the paper there (one line each)
 DEPARTURES = {
-    "context.trigger_rule": "0.95 W leaves too little room for a full summary request at "
-                            "W = 446: L = 371, not 423",
+    "context.trigger_rule": "W = 446 stays a hard bound: L = 371, not 423 (the paper's "
+                            "summary runs past W)",
     "context.summary_role": "the recipe's measured figures were made with a user turn",
     "context.summary_instruction": "a one-line instruction keeps the tiny policy's rows short",
     "rollout.group_size": "4 rollouts a task keep a step within CPU minutes",

@@ -34,13 +34,19 @@ def make_run_mesh(cfg: Config) -> Mesh | None:
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
 
 
+def exchange_size(n: int) -> int:
+    """The buffer an exchange of n bytes travels in: the next power of two from 1 KiB, so that
+    exchanges of any sizes compile a handful of all-gather programs (one a size otherwise)."""
+    return max(1024, 1 << max(0, n - 1).bit_length())
+
+
 def allgather_json(obj: Any) -> list:
     """`obj` (JSON-serializable) from every process, in process order."""
     from jax.experimental import multihost_utils
 
     data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32)))
-    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf = np.zeros(exchange_size(int(sizes.max())), np.uint8)
     buf[:data.size] = data
     every = np.asarray(multihost_utils.process_allgather(buf))
     return [json.loads(every[p, :int(n)].tobytes()) for p, n in enumerate(sizes.reshape(-1))]
@@ -48,8 +54,8 @@ def allgather_json(obj: Any) -> list:
 
 class ProcessPeers:
     """The processes of a multi-process run as rollout peers (agent.rollout.Peers): every
-    process runs the same rollout driver over the global sampler rows, on the policy as it
-    is sharded for training; process p owns (resets and steps the environments of) the
+    process runs the same rollout driver over the global sampler rows, on the serving layout
+    of the run's devices; process p owns (resets and steps the environments of) the
     slots s with s % P == p, and each step's outcomes are exchanged as JSON (text and a
     few numbers a row: small next to a decode step)."""
 
