@@ -118,7 +118,7 @@ def test_calls_are_never_evaluated():
                 "x" * 10_000 + "(", "\udcff(1)"]:
         with pytest.raises(ValueError):
             parse_call(bad)
-    sims = Simulators(entries("base")["multi_turn_base_0"], "base")
+    sims = Simulators.fresh(entries("base")["multi_turn_base_0"], "base")
     assert sims.run("__import__('os').system('true')").startswith("Error during execution:")
     assert sims.run("exit()") == "Error during execution: Function call exit is not allowed."
     assert sims.run("nope(a=1)") == "Error during execution: name 'nope' is not defined"

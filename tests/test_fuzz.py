@@ -6,6 +6,7 @@ takes long; nothing executes code, spawns a process, opens a socket or writes a 
 guard: install_side_effect_guard). Seeded and deterministic.
 """
 import builtins
+import importlib.util
 import io
 import json
 import os
@@ -341,7 +342,16 @@ def test_fuzz_all_envs(no_side_effects):
     assert min(again) < 1.0, (name, text[:200], again)
 
 
-def test_fuzz_bfcl_envs(no_side_effects):
+@pytest.fixture
+def bfcl_worker():
+    """BFCL's simulators run in worker processes (supo_jax/envs/bfcl/worker.py): one is
+    started before the side-effect guard, which refuses a process started by an env."""
+    if importlib.util.find_spec("bfcl_eval") is not None:
+        from supo_jax.envs.bfcl import worker
+        worker.start(1)
+
+
+def test_fuzz_bfcl_envs(bfcl_worker, no_side_effects):
     """BFCL's environments under the same random actions (calls of their tools with random
     arguments, malformed calls, garbage): no exception, text observations, rewards in [0, 1];
     an action without a call ends the turn (a user turn, or the episode); any other bad

@@ -53,7 +53,9 @@ class Reset:
 
 @dataclass(frozen=True)
 class StepResult:
-    """Observation text for the model; done/reward end the episode; info for metrics; role:
+    """Observation text for the model; done/reward end the episode; info for metrics (an
+    "error" key: the action was not a valid call; "tool_call": False: a valid action that
+    called no tool, e.g. a reply that ends a turn; neither counts in tool_calls); role:
     the observation's chat turn, "tool" (a tool's result) or "user" (a new user request, e.g.
     BFCL's next question: it stays in the context after a summary restart)."""
     observation: str

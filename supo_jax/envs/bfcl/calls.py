@@ -16,8 +16,14 @@ calls: per user turn, the model's calls and the ground truth's run on two sets o
 that persist over the turns; a turn whose ground truth has calls needs at least one model
 call; after it, every instance must equal its ground-truth twin (public attributes), and
 the ground truth's results must be a sub-multiset of all the model's results so far. A turn
-whose ground truth is empty is not checked (its calls still run). tests/test_bfcl.py checks
-the verdicts against bfcl-eval's own checker.
+whose ground truth is empty is not checked (its calls still run). Each set of instances is
+a world of its own (data.new_instances), where bfcl-eval's two share the long scenario's
+extra credit cards and bookings (docs/ENVIRONMENTS.md lists where the verdicts differ).
+tests/test_bfcl.py checks the verdicts against bfcl-eval's own checker.
+
+Here the calls run in the calling process, with no deadline: for the dataset's calls and
+calls the environments already ran. The environments run theirs in worker processes
+(worker.py), which use this module there.
 """
 from __future__ import annotations
 
@@ -29,8 +35,8 @@ import threading
 from supo_jax.envs.bfcl.data import check_category, entries, ground_truth, new_instances
 
 REFUSED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
-# one call at a time in a process: the environments step in threads, and both CPython 3.11's
-# ast constructor and BFCL's MathAPI (mpmath's global precision) are not thread-safe
+# one call at a time in a process: callers may be threads, and both CPython 3.11's ast
+# constructor and BFCL's MathAPI (mpmath's global precision) are not thread-safe
 _LOCK = threading.RLock()
 
 
@@ -78,15 +84,21 @@ def result_text(value) -> str:
 
 
 class Simulators:
-    """The simulator instances of one task (fresh, loaded with its initial_config)."""
+    """The simulator instances of one task (its world: class name -> instance) and the
+    methods a call may name."""
 
-    def __init__(self, entry: dict, category: str):
-        self.instances = new_instances(entry, category)
+    def __init__(self, instances: dict[str, object]):
+        self.instances = instances
         self.methods: dict[str, object] = {}
         for inst in self.instances.values():      # a later class wins a shared name
             for name, _ in inspect.getmembers(inst, predicate=inspect.ismethod):
                 if not name.startswith("_"):
                     self.methods[name] = inst
+
+    @classmethod
+    def fresh(cls, entry: dict, category: str) -> Simulators:
+        """A new world of the task, loaded with its initial_config (data.new_instances)."""
+        return cls(new_instances(entry, category))
 
     def call(self, name: str, args: list, kwargs: dict) -> str:
         """Run one parsed call; its result as BFCL's text (errors included)."""
@@ -125,7 +137,7 @@ def verdict(category: str, task_id: str, calls: list[list[list[str]]]) -> dict:
     truth_turns = ground_truth(category)[task_id]
     if len(calls) != len(truth_turns):
         return {"valid": False, "error_type": "multi_turn:force_terminated", "turn": None}
-    model, truth = Simulators(entry, category), Simulators(entry, category)
+    model, truth = Simulators.fresh(entry, category), Simulators.fresh(entry, category)
     so_far: list[str] = []
     for i, truth_calls in enumerate(truth_turns):
         steps = [s for s in calls[i] if not _empty(s)]      # the runner drops empty steps

@@ -8,10 +8,10 @@ without its dependencies (its multi-turn simulators need only mpmath):
 """
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import json
+import pickle
 
 CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23 mpmath"
@@ -82,16 +82,31 @@ def task_docs(entry: dict) -> tuple[list[dict], dict[int, list[dict]]]:
     return docs, later
 
 
-def new_instances(entry: dict, category: str) -> dict[str, object]:
-    """Fresh simulator instances of the entry's classes, loaded with its initial_config as
-    BFCL loads them (long_context: the category's long scenario)."""
+def _loaded(entry: dict, category: str) -> dict[str, object]:
+    """The entry's simulator instances, loaded with its initial_config as BFCL loads them
+    (long_context: the category's long scenario). They hold module-level objects of
+    bfcl-eval (TravelAPI's extra credit cards and bookings of the long scenario, ...)."""
     backend = _package()
     out = {}
     for name in entry["involved_classes"]:
         module = importlib.import_module(backend.CLASS_FILE_PATH_MAPPING[name])
         inst = getattr(module, name)()
         if name not in backend.STATELESS_CLASSES:
-            inst._load_scenario(copy.deepcopy(entry["initial_config"].get(name, {})),
-                                long_context=category == "long_context")
+            # a copy of the config: loading changes the dicts it is given
+            config = pickle.loads(pickle.dumps(entry["initial_config"].get(name, {})))
+            inst._load_scenario(config, long_context=category == "long_context")
         out[name] = inst
     return out
+
+
+def world_bytes(entry: dict, category: str) -> bytes:
+    """A fresh world of the task (class name -> simulator instance), pickled: a copy of
+    everything it holds, module-level objects included."""
+    return pickle.dumps(_loaded(entry, category), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def new_instances(entry: dict, category: str) -> dict[str, object]:
+    """A fresh world of the task that shares no mutable object with anything else. BFCL's
+    own instances do share: a booking on a long scenario's extra card in one lowers its
+    balance in every other TravelAPI instance of the process."""
+    return pickle.loads(world_bytes(entry, category))

@@ -2,19 +2,27 @@
 
 An episode is one BFCL multi-turn task. The initial prompt is the task's first user
 question, with the tools of its simulator classes (BFCL's function docs as JSON schemas) in
-the chat template. Each action's tool calls are parsed (parse_action, validated against the
-schemas: a bad call is an error observation, nothing runs) and invoked as method calls on
-the task's simulator instances (never evaluated); their results, as BFCL writes them, are
-the observation. An action without a tool call ends the user turn, as in BFCL: the next
-question arrives as a user turn (role "user": a summary restart keeps it); after the last,
-the episode ends with BFCL's verdict on the calls made (supo_jax.envs.bfcl.calls.score) as
-the reward, 1.0 or 0.0 (with the task knob partial_reward: the share of turns before the
-first failing one). More than 20 steps in one turn ends the episode at 0 (BFCL's
-force-quit). miss_func: the held-out function's doc arrives at its turn in the user
+the chat template. Each action's tool calls are parsed (parse_action) and each call is
+checked on its own against its doc (arguments.check_arguments: names, declared types,
+sizes): a call that fails is refused (not run, not recorded; "Error: <why>" in its place),
+the step's other calls run, in order, as in BFCL. They run as method calls on the task's
+world (never evaluated) in a worker process (worker.py) that is killed when the step's
+calls together run past the task knob call_timeout_s (10 s): the episode then ends at
+reward 0 (info "stopped"). Their results, as BFCL writes them, one a line, are the
+observation. An action without a tool call ends the user turn, as in BFCL: the next
+question arrives as a user turn (role "user": a summary restart keeps it; info tool_call
+False: it is no tool call); after the last, the episode ends with BFCL's verdict on the
+calls made (calls.verdict, replayed in a worker on worlds of its own under the same
+deadline) as the reward, 1.0 or 0.0 (with the task knob partial_reward: the share of turns
+before the first failing one). More than 20 steps in one turn ends the episode at 0
+(BFCL's force-quit). miss_func: the held-out function's doc arrives at its turn in the user
 message, as BFCL's prompting handlers give it ("{docs}\\nI have updated some more functions
 you can choose from. What about now?"), and its tool is callable from then on. miss_param:
 the question lacks a parameter, and the ground truth makes no call in that turn (the model
-should ask).
+should ask). Where this departs from BFCL's executor, and why: docs/ENVIRONMENTS.md.
+
+Each rollout has a world of its own, kept as pickled bytes between steps: nothing it does
+reaches another rollout, and the same actions give the same observations in any process.
 
 Tasks: every category's 200 tasks split by id number: those with number % 5 == 0 are the
 eval split (40), the rest train (160); a split's tasks are shuffled by the seed and repeated
@@ -30,16 +38,21 @@ summary restart.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
+from collections.abc import Mapping
 
 from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, register_env
-from supo_jax.envs.bfcl.calls import Simulators, format_call, parse_call, verdict
-from supo_jax.envs.bfcl.data import CATEGORIES, entries, ground_truth, task_docs
+from supo_jax.envs.bfcl import worker
+from supo_jax.envs.bfcl.arguments import check_arguments, read_as_declared
+from supo_jax.envs.bfcl.calls import format_call, parse_call
+from supo_jax.envs.bfcl.data import CATEGORIES, entries, ground_truth, task_docs, world_bytes
 from supo_jax.envs.experts import register_expert
-from supo_jax.text.parsing import format_tool_call, parse_action
+from supo_jax.text.parsing import format_tool_call, parse_action, quote
 
 MAX_STEPS_A_TURN = 20            # BFCL's MAXIMUM_STEP_LIMIT
+CALL_TIMEOUT_S = 10.0            # a step's calls together, and the scoring replay
 NEW_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"
 _NO_ANSWER_TOOL = "__bfcl_no_answer_tool__"   # no call ends the episode: the turns do
 
@@ -58,19 +71,6 @@ def json_schema(p: dict) -> dict:
         out["properties"] = {k: json_schema(v) for k, v in p["properties"].items()}
     elif mapped == "object":
         out["additionalProperties"] = True
-    return out
-
-
-def untyped(schema: dict) -> dict:
-    """The schema an action is checked against: argument names, required arguments and enums,
-    not types. BFCL passes values to its simulators as given (its own ground truth passes
-    "ticket_001" where the doc says integer: miss_func 173); the rendered tools keep the
-    types."""
-    out = {k: v for k, v in schema.items() if k != "type"}
-    if isinstance(schema.get("items"), dict):
-        out["items"] = untyped(schema["items"])
-    if "properties" in schema:
-        out["properties"] = {k: untyped(v) for k, v in schema["properties"].items()}
     return out
 
 
@@ -94,6 +94,26 @@ def turn_text(entry: dict, k: int) -> str:
     return _question(entry["question"][k])
 
 
+class _AnyCall(Mapping):
+    """The tools parse_action is given: every name, with any arguments. It reads the calls as
+    written; each is then checked on its own (a bad one does not refuse the others)."""
+    _SCHEMA = {"type": "object", "additionalProperties": True}
+
+    def __getitem__(self, name):
+        if not isinstance(name, str):
+            raise KeyError(name)
+        return self._SCHEMA
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+
+_ANY_CALL = _AnyCall()
+
+
 class BFCLEnv(Environment):
     answer_tool = _NO_ANSWER_TOOL
     max_calls_per_step = 256       # BFCL sets no limit to the calls of one step
@@ -108,15 +128,16 @@ class BFCLEnv(Environment):
     def reset(self, task: dict) -> Reset:
         self.task_id = task["task_id"]
         self.partial = bool(task.get("partial_reward", False))
+        self.timeout_s = float(task.get("call_timeout_s", CALL_TIMEOUT_S))
         entry = self.entry = entries(self.category)[self.task_id]
-        self.sims = Simulators(entry, self.category)
+        # the world, as bytes: each step's calls run on a copy in a worker process
+        self.world = world_bytes(entry, self.category)
         docs, self.later = task_docs(entry)
         self.tools = tuple(tool_spec(d) for d in docs)
         # what an action may call: every function of the task's classes, offered yet or not
         # (BFCL's executor runs any of them; its own ground truth calls miss_func 49's `tail`
         # two turns before the doc arrives)
-        self.callable = {t.name: untyped(t.parameters) for t in self.tools + tuple(
-            tool_spec(d) for ds in self.later.values() for d in ds)}
+        self.docs = {d["name"]: d for d in docs + [d for ds in self.later.values() for d in ds]}
         self.questions = entry["question"]
         self.turn, self.steps = 0, 0
         self.calls: list[list[list[str]]] = [[]]
@@ -126,22 +147,51 @@ class BFCLEnv(Environment):
             "cannot be done.\n" + json.dumps(docs))
         return Reset(prompt=_question(self.questions[0]), tools=list(self.tools), system=system)
 
+    def refusal(self, name: str, arguments: dict) -> str | None:
+        """Why one call is not run (None: it runs)."""
+        if name not in self.docs:
+            return f"unknown tool {quote(name)}"
+        return check_arguments(self.docs[name], arguments)
+
     def act(self, text: str) -> StepResult:
-        parsed = parse_action(text, self.callable,
-                              self.answer_tool, self.max_calls_per_step,
+        parsed = parse_action(text, _ANY_CALL, self.answer_tool, self.max_calls_per_step,
                               formats=self.call_formats)
         if parsed.kind == "error" and parsed.error.startswith("no tool call found"):
             return self._next_turn()
         self.steps += 1
-        if parsed.kind == "error":
+        if parsed.kind == "error":      # not calls at all: the step is refused
             obs = StepResult(f"Error: {parsed.error}", info={"error": parsed.error})
         else:
-            results = [self.sims.call(n, [], dict(a)) for n, a in parsed.calls]
-            self.calls[self.turn].append([format_call(n, a) for n, a in parsed.calls])
-            obs = StepResult("\n".join(results), info={"tools": [n for n, _ in parsed.calls]})
+            obs = self._run(parsed.calls)
+        if obs.done:
+            return obs
         if self.steps > MAX_STEPS_A_TURN:     # BFCL force-quits the task
-            return StepResult("", done=True, reward=0.0, info={"force_quit": True})
+            return StepResult("", done=True, reward=0.0,
+                              info={"force_quit": True, "calls": self.calls})
         return obs
+
+    def _run(self, calls) -> StepResult:
+        """Check each call, run the valid ones in a worker; their results and the refusals,
+        in order, one a line."""
+        if "seed_oss" in self.call_formats:      # its values come as text
+            calls = [(n, read_as_declared(self.docs[n], a) if n in self.docs else a)
+                     for n, a in calls]
+        refused = [self.refusal(n, a) for n, a in calls]
+        valid = [(n, dict(a)) for (n, a), r in zip(calls, refused) if r is None]
+        results = []
+        if valid:
+            try:
+                self.world, results = worker.run(("step", self.world, valid), self.timeout_s)
+            except worker.Stopped as e:
+                return StepResult("", done=True, reward=0.0, info={
+                    "stopped": f"the step's calls were stopped ({e})", "calls": self.calls})
+            self.calls[self.turn].append([format_call(n, a) for n, a in valid])
+        out = iter(results)
+        lines = [f"Error: {r}" if r is not None else next(out) for r in refused]
+        obs = "\n".join(lines).encode("utf-8", "replace").decode("utf-8")
+        if not valid:
+            return StepResult(obs, info={"error": next(r for r in refused if r is not None)})
+        return StepResult(obs, info={"tools": [n for n, _ in valid]})
 
     def step(self, name: str, arguments: dict) -> StepResult:   # act() runs the calls
         raise NotImplementedError
@@ -149,21 +199,26 @@ class BFCLEnv(Environment):
     def _next_turn(self) -> StepResult:
         self.turn += 1
         if self.turn >= len(self.questions):
-            return StepResult("", done=True, reward=self.reward(),
-                              info={"calls": self.calls})
+            reward, info = self.reward()
+            return StepResult("", done=True, reward=reward, info={"calls": self.calls, **info})
         self.calls.append([])
         self.steps = 0
         if self.turn in self.later:           # miss_func: the held-out docs arrive now
             self.tools = self.tools + tuple(tool_spec(d) for d in self.later[self.turn])
-        return StepResult(turn_text(self.entry, self.turn), role="user", info={"turn": self.turn})
+        return StepResult(turn_text(self.entry, self.turn), role="user",
+                          info={"turn": self.turn, "tool_call": False})
 
-    def reward(self) -> float:
-        v = verdict(self.category, self.task_id, self.calls)
+    def reward(self) -> tuple[float, dict]:
+        """BFCL's verdict on the calls made, replayed in a worker: (reward, info)."""
+        try:
+            v = worker.run(("verdict", self.category, self.task_id, self.calls), self.timeout_s)
+        except worker.Stopped as e:
+            return 0.0, {"stopped": f"scoring was stopped ({e})"}
         if v["valid"]:
-            return 1.0
+            return 1.0, {}
         if self.partial and v["turn"] is not None:
-            return v["turn"] / len(self.questions)
-        return 0.0
+            return v["turn"] / len(self.questions), {}
+        return 0.0, {}
 
 
 def _number(task_id: str) -> int:
@@ -177,12 +232,16 @@ def split_ids(category: str, split: str) -> list[str]:
 
 
 def make_tasks_for(category: str):
-    def generate(split: str, n: int, seed: int, partial_reward: bool = False) -> list[dict]:
+    def generate(split: str, n: int, seed: int, partial_reward: bool = False,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> list[dict]:
+        if not 0 < float(call_timeout_s) < math.inf:
+            raise ValueError(f"call_timeout_s must be a number of seconds > 0, got "
+                             f"{call_timeout_s!r}")
         ids = split_ids(category, split)
         random.Random(f"{category}:{split}:{seed}").shuffle(ids)
         return [{"task_id": ids[k % len(ids)], "family": f"bfcl/{category}",
-                 "category": category, "partial_reward": bool(partial_reward)}
-                for k in range(n)]
+                 "category": category, "partial_reward": bool(partial_reward),
+                 "call_timeout_s": float(call_timeout_s)} for k in range(n)]
     return generate
 
 
