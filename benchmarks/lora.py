@@ -147,10 +147,11 @@ def markdown(res: dict) -> str:
     out += ["", f"Decode (8 rows, 64 new tokens): with the adapters' low-rank product "
             f"{d['adapters']['median']:.3f} s, with them merged into the weights "
             f"{d['merged']['median']:.3f} s (ratio {d['ratio_adapters_over_merged']:.2f}; the "
-            f"same tokens: {d['same_tokens']}). The sampler merges them: the unrolled decode "
-            "(CPU, GPU) cuts a per-layer copy of the weights once per rollout phase anyway, and "
-            "the adapters are merged into it; TPU's scanned decode (no copy) and an int8 base "
-            "keep the product."]
+            f"same tokens: {d['same_tokens']}). The sampler merges them where weights and "
+            "compute are float32 (as here): the unrolled decode (CPU, GPU) cuts a per-layer copy "
+            "of the weights once per rollout phase anyway, and the adapters are merged into it; "
+            "bfloat16 (the merge would round small updates away), an int8 base and TPU's "
+            "scanned decode (no copy) keep the product."]
     return "\n".join(out) + "\n"
 
 

@@ -1,8 +1,11 @@
 """LoRA adapters (supo_jax.model.lora): logits against peft's on the transformers base, the
 merged export against transformers, training touches the adapters alone, an int8 base
-(QLoRA), exact resume, and PEFT adapters in and out of runs."""
+(QLoRA), exact resume, PEFT adapters in and out of runs (alpha_pattern, refused fields, the
+base an int8 adapter names), the bfloat16 sampler against the trainer, and the KL reference
+after a warm start."""
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -121,7 +124,63 @@ def test_decode_merges_adapters_into_its_layer_copy(base, base_dtype):
         np.testing.assert_allclose(out[0][r].logprobs, out[1][r].logprobs, atol=1e-5)
 
 
-def _step(policy, *, kl=0.0):
+def _sample_and_score(policy, prompts, seed):
+    """(tokens [R, P + N], the sampler's logprobs [R, N], the trainer's recomputed ones [R, N])
+    of N = 24 tokens sampled after each prompt (the unrolled decode: the per-layer copy)."""
+    from supo_jax.sampling.sampler import Sampler, SamplingParams
+
+    r, p, n = len(prompts), len(prompts[0]), 24
+    sampler = Sampler(policy, r, 64, unroll_layers=True)
+    sampler.append(dict(enumerate(prompts)))
+    out = sampler.generate(range(r), n, set(), SamplingParams(1.0), jax.random.key(seed))
+    toks = np.array([list(prompts[i]) + out[i].tokens for i in range(r)], np.int32)
+    return toks, np.array([out[i].logprobs for i in range(r)]), _recomputed(policy, toks, p)
+
+
+def _recomputed(policy, toks, prompt_len):
+    """The trainer's logprobs of the tokens after the first `prompt_len` of each row."""
+    from supo_jax.rl.train_step import recompute_logprobs
+
+    graphdef, params = policy.split()
+    batch = jax.tree.map(jnp.asarray, _batch(toks, prompt_len))
+    return np.asarray(recompute_logprobs(graphdef, params, batch))[:, prompt_len - 1:]
+
+
+def _batch(toks, prompt_len):
+    """A train batch of whole rows `toks`, the tokens after the first `prompt_len` trained."""
+    from supo_jax.rl.batch import TrainBatch
+
+    r, t = toks.shape[0], toks.shape[1] - 1
+    mask = (np.arange(t) >= prompt_len - 1)[None].repeat(r, 0).astype(np.float32)
+    return TrainBatch(inputs=toks[:, :-1], targets=toks[:, 1:],
+                      positions=np.tile(np.arange(t, dtype=np.int32), (r, 1)),
+                      segment_ids=np.ones((r, t), np.int32), mask=mask,
+                      old_logp=np.zeros((r, t), np.float32),
+                      advantages=np.ones((r, t), np.float32))
+
+
+def test_bf16_sampler_sees_a_small_adapter_update_as_the_trainer_does(base):
+    """bfloat16 compute, after a small update (every B entry +-1e-3: most of W + scale * A @ B
+    rounds back to W in bfloat16): the sampler's logprobs match the trainer's recomputed ones
+    as closely as at B = 0 (the full-weight path's bfloat16 tolerance), while the update moved
+    the trainer's by over twice that. The decode that merged the adapters into bfloat16
+    weights missed most of the update (mismatch 2.8x the tolerance's mean, 3.8x its max)."""
+    policy = supo_jax.load_policy(base, compute_dtype="bfloat16")
+    add_adapters(policy.model, LoRA(4, 8.0, ALL))
+    prompts = np.random.RandomState(0).randint(0, policy.config.vocab_size, (4, 12)).tolist()
+    toks, sampled, trained = _sample_and_score(policy, prompts, 1)
+    tol = np.abs(sampled - trained)
+    rng = np.random.RandomState(1)
+    for t in ALL:
+        b = getattr(policy.model.layers, f"{TARGETS[t]}_lora_b")
+        b[...] = jnp.asarray(rng.choice([-1e-3, 1e-3], b.shape), jnp.float32)
+    assert np.abs(_recomputed(policy, toks, 12) - trained).max() > 2 * tol.max()   # it matters
+    _, sampled, trained = _sample_and_score(policy, prompts, 2)
+    err = np.abs(sampled - trained)
+    assert err.mean() <= 1.5 * tol.mean() and err.max() <= 2 * tol.max(), (err, tol)
+
+
+def _step(policy, *, kl=0.0, ref_params=None):
     """One train step on a random batch; (params before, params after, metrics)."""
     from supo_jax.rl.batch import TrainBatch
     from supo_jax.rl.configs import LossConfig
@@ -137,20 +196,25 @@ def _step(policy, *, kl=0.0):
                        advantages=np.asarray(rng.normal(size=(r, 1)) * np.ones((1, t)), np.float32))
     tx = make_optimizer(1e-2)
     graphdef, params = policy.split()
+    # uncommitted arrays, whether loaded (device_put) or not: one compiled step for these tests
+    params, ref_params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, ref_params))
     before = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
     opt_state = tx.init(trainable(params))
     params, opt_state, m = train_step(graphdef, params, opt_state, jax.tree.map(jnp.asarray, batch),
-                                      tx=tx, cfg=LossConfig(kl_coef=kl))
+                                      tx=tx, cfg=LossConfig(kl_coef=kl), ref_params=ref_params)
     return before, jax.tree.map(np.asarray, nnx.to_pure_dict(params)), opt_state, m
 
 
 def test_only_the_adapters_train_and_carry_optimizer_state(base):
     """The optimizer's moments are the adapters' shapes, nothing else; an update changes
     every adapter B (A's gradient is zero while B is) and leaves the base bitwise as it was;
-    the KL reference is the base (zero while B starts at zero)."""
+    the KL reference, the adapters as they start, is the policy (zero KL)."""
+    from supo_jax.rl.train_step import trainable
+
     policy = supo_jax.load_policy(base)
     add_adapters(policy.model, LoRA(4, 8.0, ALL))
-    before, after, opt_state, m = _step(policy, kl=0.1)
+    ref = jax.tree.map(jnp.copy, trainable(policy.split()[1]))
+    before, after, opt_state, m = _step(policy, kl=0.1, ref_params=ref)
     adapters = {k for k in flat_params(before) if "_lora_" in k}
     moments = [x.shape for x in jax.tree.leaves(opt_state) if getattr(x, "ndim", 0) > 1]
     assert sorted(moments) == sorted(2 * [flat_params(before)[k].shape for k in adapters])
@@ -187,6 +251,87 @@ def test_int8_base_qlora_trains_a_step(base):
     b, a = flat_params(before), flat_params(after)
     assert any(not np.array_equal(a[k], b[k]) for k in b if "_lora_b" in k)
     assert all(np.array_equal(a[k], b[k]) for k in b if "_lora_" not in k)
+
+
+def test_kl_reference_is_the_warm_started_policy(base, tmp_path):
+    """train.init_from a PEFT adapter (as after an SFT warm start through the adapters): the
+    KL reference holds those adapters, not zeros. Its logits equal the policy's and the KL
+    of RL step 0 is zero; a resumed run reads the same reference from run_dir/reference."""
+    from types import SimpleNamespace
+
+    from supo_jax.model.policy import _logits
+    from supo_jax.rl.runs import build_policy
+    from supo_jax.rl.train_step import join_trainable, split_trainable
+    from supo_jax.rl.trainer import reference_params
+
+    warm = supo_jax.load_policy(base)
+    add_adapters(warm.model, LoRA(4, 8.0, ALL))
+    _randomize(warm.model)
+    save_peft(warm.model, str(tmp_path / "warm"), base)
+    cfg = load_config(TINY, TRAIN + ["loss.kl_coef=0.1", f"train.init_from={tmp_path / 'warm'}",
+                                     f"train.run_dir={tmp_path / 'run'}"])
+    policy = build_policy(cfg)
+    ids = jnp.asarray(_ids(policy), jnp.int32)
+    graphdef, params = policy.split()
+    want = np.asarray(_logits(graphdef, params, ids))
+    for start in (0, 1):           # a new run writes run_dir/reference, a resumed one reads it
+        ref = reference_params(SimpleNamespace(cfg=cfg, policy=policy, params=params,
+                                               start=start, mesh=None))
+        joined = join_trainable(ref, split_trainable(params)[1])
+        np.testing.assert_array_equal(np.asarray(_logits(graphdef, joined, ids)), want)
+    assert (tmp_path / "run" / "reference" / "adapter_config.json").is_file()
+    assert float(_step(policy, kl=0.1, ref_params=ref)[3]["kl_ref"]) == pytest.approx(0, abs=1e-6)
+
+
+def test_peft_alpha_pattern_loads_as_peft_computes_it(base, tmp_path):
+    """A PEFT adapter with alpha_pattern (a module name for every layer, a layer's module):
+    this policy's logits equal PeftModel's within 1e-4 (float32)."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    pc = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                    alpha_pattern={"q_proj": 32, "layers.1.mlp.down_proj": 2},
+                    init_lora_weights=False)     # random B: the product is not zero
+    peft_model = get_peft_model(hf, pc).eval()
+    peft_model.save_pretrained(str(tmp_path / "a"))
+    policy = supo_jax.load_policy(str(tmp_path / "a"))
+    ids = _ids(policy)
+    np.testing.assert_allclose(np.asarray(policy.logits(ids)), hf_logits(peft_model, ids),
+                               atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("modules_to_save", ["lm_head"]), ("lora_bias", True), ("bias", "lora_only"),
+    ("rank_pattern", {"q_proj": 8}), ("layers_to_transform", 0)])
+def test_peft_fields_these_adapters_cannot_hold_are_refused(base, tmp_path, field, value):
+    policy = supo_jax.load_policy(base)
+    add_adapters(policy.model, LoRA(4, 8.0, ("q",)))
+    save_peft(policy.model, str(tmp_path), base)
+    fn = tmp_path / "adapter_config.json"
+    fn.write_text(json.dumps(dict(json.loads(fn.read_text()), **{field: value})))
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} is not supported")):
+        supo_jax.load_policy(str(tmp_path))
+
+
+def test_int8_adapter_export_names_the_base_it_trained_on(base, tmp_path):
+    """model.lora_base_dtype=int8: the PEFT export names run_dir/base (the dequantized int8
+    base), not model.path; loaded from it, the adapter gives the trained policy's logits."""
+    from supo_jax.rl.runs import save_policy
+
+    cfg = load_config(TINY, TRAIN + [f"model.path={base}", "model.lora_base_dtype=int8",
+                                     f"train.run_dir={tmp_path}"])
+    policy = supo_jax.load_policy(base)
+    add_adapters(policy.model, LoRA(4, 8.0, ALL), base_dtype="int8")
+    _randomize(policy.model)
+    save_policy(policy, cfg, str(tmp_path / "hf"), str(tmp_path / "peft"))
+    named = json.load(open(tmp_path / "peft" / "adapter_config.json"))["base_model_name_or_path"]
+    assert named == str(tmp_path / "base")
+    ids = _ids(policy)
+    np.testing.assert_allclose(np.asarray(supo_jax.load_policy(str(tmp_path / "peft")).logits(ids)),
+                               np.asarray(policy.logits(ids)), atol=1e-5)
 
 
 @pytest.mark.parametrize("sets,match", [

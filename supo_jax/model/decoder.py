@@ -357,8 +357,11 @@ class Decoder(nnx.Module):
 
     def layer_weights(self, merge: bool = True) -> list[dict]:
         """The stacked layer weights cut into one dict of arrays per layer, with the LoRA
-        adapters merged into their weights unless `merge` is False or the base is
-        int8 (supo_jax.model.lora.merge_adapters: the copy is made anyway).
+        adapters merged into their weights where both the weights and the compute are
+        float32 (supo_jax.model.lora.merge_adapters: the copy is made anyway) and `merge`
+        is True. Elsewhere the copy keeps the adapters and the forward their low-rank
+        product, as training computes it: cast to bfloat16, W + scale * A @ B would lose
+        most of a small update.
 
         For token-by-token decoding on CPU: cut once outside the decode loop and pass
         as `layer_weights=`. A scan over the stack slices (copies) every layer's
@@ -367,7 +370,7 @@ class Decoder(nnx.Module):
         cheap and the copy of the weights is not worth its memory.
         """
         stacked = self._stacked()
-        if merge and self.lora is not None:
+        if merge and self.lora is not None and jnp.dtype(self.dtype) == jnp.float32:
             stacked = merge_adapters(stacked, self.lora.scale)
         return [{n: (w[i] if w is not None else None) for n, w in stacked.items()}
                 for i in range(self.cfg.num_layers)]

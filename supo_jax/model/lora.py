@@ -12,13 +12,15 @@ gets two adapter weights, stacked like it:
 so the adapted model equals the base at initialisation. Adapters are `LoRAParam`s (a kind
 of nnx.Param): with them present, only they are trained and carry optimizer state
 (supo_jax.rl.train_step.split_trainable); the base is frozen, and the KL reference is the
-same weights with the adapters' product off (no second copy). Training and prefill run the
-low-rank product in the forward (the base is never rewritten). The decode on CPU and GPU
-reads a per-layer copy of the weights that the sampler cuts once per rollout phase
-(Decoder.layer_weights); the adapters are merged into that copy (merge_adapters), which
-measured faster than the product (BENCHMARKS.md "LoRA") and costs no memory beyond the copy.
-TPU's decode scans the stacked weights (no copy) and an int8 base stays int8: both keep the
-product.
+adapters as the RL run started (supo_jax.rl.trainer.reference_params: a copy of the
+adapters, not of the base). Training and prefill run the low-rank product in the forward
+(the base is never rewritten). The decode on CPU and GPU reads a per-layer copy of the
+weights that the sampler cuts once per rollout phase (Decoder.layer_weights); with float32
+weights and compute the adapters are merged into that copy (merge_adapters: 3% faster than
+the product on CPU, BENCHMARKS.md "LoRA"). Every other decode keeps the product, so that the
+sampler computes the trainer's function: in bfloat16, W + scale * A @ B rounds away an
+update below half of W's last place, and an int8 base stays int8. TPU's decode scans the
+stacked weights (no copy) and keeps the product too.
 
 QLoRA: `model.lora_base_dtype=int8` stores each target's base weight as int8 with one
 float32 scale per output channel ([L, 1, out]: symmetric, scale = max|W| / 127), dequantized
@@ -26,7 +28,9 @@ in the forward. bfloat16 stores the base in bfloat16; "" keeps model.dtype.
 
 PEFT: `save_peft` writes adapter_config.json and adapter_model.safetensors with PEFT's names
 (base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight [r, in], ...lora_B.weight
-[out, r]); `load_peft` reads such a directory back into a policy's adapters.
+[out, r]); `load_peft` reads such a directory back into a policy's adapters, an alpha_pattern
+folded into B, and refuses (read_peft_config) what these adapters cannot hold: a bias, whole
+modules, other ranks, DoRA, ... (UNSUPPORTED_PEFT).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -142,18 +147,20 @@ def base_weight(lw: dict, name: str, dtype):
 
 
 def merge_adapters(lw: dict, scale: float, xp=jnp) -> dict:
-    """Layer weights (one layer's or stacked) with each target's adapters merged into its
-    weight, W + scale * A @ B in W's dtype, and their entries dropped. An int8 base keeps its
-    adapters: merging would dequantize it. `xp`: jax.numpy (traced) or numpy (host arrays)."""
+    """Layer weights (one layer's or stacked) with each float32 target's adapters merged into
+    its weight, W + scale * A @ B in float32, and their entries dropped. Any other base keeps
+    its adapters: rounding W + scale * A @ B to bfloat16 erases an update smaller than half of
+    W's last place (most of the adapters' contribution while |B| < 1e-3), and merging would
+    dequantize an int8 one. `xp`: jax.numpy (traced) or numpy (host arrays)."""
     out = dict(lw)
     for name in TARGETS.values():
         a = out.get(f"{name}_lora_a")
-        if a is None or out[name].dtype == jnp.int8:
+        if a is None or out[name].dtype != xp.float32:
             continue
         b, w = out.pop(f"{name}_lora_b"), out[name]
         del out[f"{name}_lora_a"]
         delta = xp.matmul(a.astype(xp.float32), b.astype(xp.float32))
-        out[name] = (w.astype(xp.float32) + scale * delta).astype(w.dtype)
+        out[name] = w + scale * delta
     return out
 
 
@@ -213,8 +220,21 @@ def save_peft(model, out_dir: str, base_model: str) -> None:
     write_safetensors(os.path.join(out_dir, "adapter_model.safetensors"), tensors)
 
 
+# PEFT LoraConfig fields that change what an adapter computes and that these adapters do
+# not hold (a bias, whole modules, per-layer ranks, ...): refused by name, never dropped
+UNSUPPORTED_PEFT = ("use_dora", "use_rslora", "fan_in_fan_out", "lora_bias", "modules_to_save",
+                    "layers_to_transform", "layer_replication", "trainable_token_indices",
+                    "target_parameters", "alora_invocation_tokens", "use_qalora")
+
+
+def _unset(v) -> bool:
+    return v is None or v is False or (isinstance(v, (list, tuple, dict, str)) and not v)
+
+
 def read_peft_config(path: str) -> dict:
-    """adapter_config.json of a PEFT LoRA directory; ValueError naming what is wrong."""
+    """adapter_config.json of a PEFT LoRA directory; ValueError naming what is wrong or what
+    it sets that these adapters cannot reproduce (UNSUPPORTED_PEFT, a bias, a rank_pattern
+    rank other than r). alpha_pattern loads (load_peft)."""
     fn = os.path.join(path, "adapter_config.json")
     try:
         with open(fn) as f:
@@ -223,8 +243,14 @@ def read_peft_config(path: str) -> dict:
         raise ValueError(f"{fn}: not a readable PEFT adapter config ({e})") from None
     if cfg.get("peft_type") != "LORA":
         raise ValueError(f"{fn}: peft_type {cfg.get('peft_type')!r}, only LORA adapters load")
-    if cfg.get("use_dora") or cfg.get("use_rslora") or cfg.get("fan_in_fan_out"):
-        raise ValueError(f"{fn}: DoRA / rsLoRA / fan_in_fan_out adapters are not supported")
+    bad = [k for k in UNSUPPORTED_PEFT if not _unset(cfg.get(k))]
+    if cfg.get("bias", "none") not in (None, "none"):
+        bad.append("bias")
+    if any(r != cfg.get("r") for r in (cfg.get("rank_pattern") or {}).values()):
+        bad.append("rank_pattern")
+    if bad:
+        raise ValueError(f"{fn}: {bad[0]}={cfg[bad[0]]!r} is not supported (supo_jax loads "
+                         "LoRA A and B on the decoder's projections, one rank)")
     return cfg
 
 
@@ -242,29 +268,74 @@ def peft_lora(cfg: dict) -> LoRA:
     return LoRA(int(cfg["r"]), float(cfg["lora_alpha"]), tuple(by_module[m] for m in mods))
 
 
-def load_peft(model, path: str) -> None:
-    """Set `model`'s adapters (already added with the same rank and targets) to those of the
-    PEFT adapter directory `path`."""
-    from supo_jax.model.weights import read_safetensors_header, safetensors_source
+def peft_alphas(cfg: dict, name: str, layers: int) -> np.ndarray:
+    """The alpha of each layer's adapter on stacked weight `name` [L]: alpha_pattern's first
+    key that matches the end of the module's name at dot boundaries (PEFT's rule: "q_proj",
+    "layers.3.self_attn.q_proj" or a regex), else lora_alpha."""
+    from supo_jax.model.weights import _LAYER_HF
 
-    lora = model.lora
-    want = peft_lora(read_peft_config(path))
-    if lora is None or (want.rank, set(want.targets)) != (lora.rank, set(lora.targets)):
+    pattern = cfg.get("alpha_pattern") or {}
+    out = np.full(layers, float(cfg["lora_alpha"]), np.float32)
+    for i in range(layers):
+        module = _LAYER_HF[name][0].format(i=i)[: -len(".weight")]
+        key = next((k for k in pattern if re.match(rf"(.*\.)?({k})$", module)), None)
+        if key is not None:
+            out[i] = pattern[key]
+    return out
+
+
+def peft_adapters(path: str, lora: LoRA, shapes: dict) -> dict:
+    """The stacked float32 adapter weights of the PEFT adapter directory `path` for adapters
+    `lora` ({"wq_lora_a": [L, in, r], ...}; `shapes` the expected shape of each). Each
+    layer's alpha_pattern alpha is folded into its B (B * alpha_i / lora.alpha): the same
+    product under one scale."""
+    from supo_jax.model.weights import safetensors_source
+
+    cfg = read_peft_config(path)
+    want = peft_lora(cfg)
+    if (want.rank, set(want.targets)) != (lora.rank, set(lora.targets)):
         raise ValueError(f"{path}: adapter of rank {want.rank} on {','.join(want.targets)}; "
-                         f"the model has {lora and lora.rank} on "
-                         f"{lora and ','.join(lora.targets)}")
+                         f"the model has {lora.rank} on {','.join(lora.targets)}")
     source = safetensors_source(path, "adapter_model.safetensors")
-    layers = model.layers
+    out = {}
     for t in lora.targets:
         name = TARGETS[t]
         for suffix, k in (("lora_a", 0), ("lora_b", 1)):
-            var = getattr(layers, f"{name}_{suffix}")
-            names = [peft_names(name, i)[k] for i in range(var.shape[0])]
+            shape = tuple(shapes[f"{name}_{suffix}"])
+            names = [peft_names(name, i)[k] for i in range(shape[0])]
             missing = [n for n in names if n not in source]
             if missing:
                 raise ValueError(f"{path}: adapter lacks tensor {missing[0]}")
             x = np.stack([np.asarray(source[n]()).T for n in names]).astype(np.float32)
-            if x.shape != var.shape:
+            if x.shape != shape:
                 raise ValueError(f"{path}: {names[0]} has shape {x.shape[1:][::-1]}, the "
-                                 f"model expects {var.shape[1:][::-1]}")
-            var[...] = jax.device_put(x, var[...].sharding)
+                                 f"model expects {shape[1:][::-1]}")
+            out[f"{name}_{suffix}"] = x
+        fold = peft_alphas(cfg, name, shape[0]) / np.float32(lora.alpha)
+        if np.any(fold != 1):
+            out[f"{name}_lora_b"] *= fold[:, None, None]
+    return out
+
+
+def load_peft(model, path: str) -> None:
+    """Set `model`'s adapters (already added with the same rank and targets) to those of the
+    PEFT adapter directory `path` (peft_adapters)."""
+    lora = model.lora
+    if lora is None:
+        raise ValueError(f"{path}: a PEFT adapter, and the model has no adapters")
+    layers = model.layers
+    names = [f"{TARGETS[t]}_{s}" for t in lora.targets for s in ("lora_a", "lora_b")]
+    for name, x in peft_adapters(path, lora, {n: getattr(layers, n).shape for n in names}).items():
+        var = getattr(layers, name)
+        var[...] = jax.device_put(x, var[...].sharding)
+
+
+def peft_state(adapters: nnx.State, lora: LoRA, path: str) -> nnx.State:
+    """A copy of `adapters` (the LoRAParam state, supo_jax.rl.train_step.trainable) holding
+    the PEFT adapter at `path`, each array placed like the one it replaces."""
+    pure = nnx.to_pure_dict(adapters)
+    got = peft_adapters(path, lora, {n: v.shape for n, v in pure["layers"].items()})
+    pure["layers"] = {n: jax.device_put(got[n], v.sharding) for n, v in pure["layers"].items()}
+    out = jax.tree.map(lambda x: x, adapters)
+    nnx.replace_by_pure_dict(out, pure)
+    return out

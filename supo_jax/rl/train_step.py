@@ -104,8 +104,9 @@ def _loss(graphdef, train, mb: TrainBatch, norm, cfg: LossConfig, ref_params=Non
         return -jnp.sum(logp * mask) / norm, {"entropy": jnp.sum(entropy * mask) / n}
     ref = None
     if cfg.kl_coef:
-        if ref_params is None and frozen is not None:   # LoRA: the base, adapters at zero
-            ref_params = join_trainable(jax.tree.map(jnp.zeros_like, train), frozen)
+        if frozen is not None:   # LoRA: the reference adapters (None: zero) on the frozen base
+            ref_params = join_trainable(
+                jax.tree.map(jnp.zeros_like, train) if ref_params is None else ref_params, frozen)
         ref = jax.lax.stop_gradient(_score(graphdef, ref_params, mb, cfg)[0])
     return policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, eps_low=cfg.eps_low,
                        eps_high=cfg.eps_high, aggregation=cfg.aggregation, ref_logp=ref,
@@ -116,8 +117,9 @@ def _loss(graphdef, train, mb: TrainBatch, norm, cfg: LossConfig, ref_params=Non
 def loss_and_grads(graphdef, params, batch: TrainBatch, cfg: LossConfig, micro: int = 1,
                    ref_params=None):
     """Loss and gradient of the batch with respect to the trainable parameters
-    (split_trainable), accumulated over `micro` microbatches. With LoRA adapters and the KL
-    penalty on, ref_params None means the base (the adapters' product off)."""
+    (split_trainable), accumulated over `micro` microbatches. ref_params: the KL reference's
+    parameters; with LoRA adapters its adapters alone (trainable(...): the base is the
+    frozen one), None meaning the bare base (the adapters' product off)."""
     params, frozen = split_trainable(params)
     norm = aggregation_norm(batch.mask, cfg.aggregation)
     mbs = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch)

@@ -127,7 +127,8 @@ def _prefill(graphdef, params, cache: KVCache, tokens, num_new, attend_len: int)
 @partial(jax.jit, static_argnames=("graphdef", "merge"))
 def layer_weights(graphdef, params, merge: bool = True) -> list[dict]:
     """The policy's per-layer weights (Decoder.layer_weights): a copy of every layer's
-    weights, LoRA adapters merged in unless `merge` is False, for `decode(..., layers=)`."""
+    weights, float32 LoRA adapters merged in unless `merge` is False, for
+    `decode(..., layers=)`."""
     return nnx.merge(graphdef, params).layer_weights(merge)
 
 
@@ -275,7 +276,7 @@ class Sampler:
         if prefill_chunk < 16 or prefill_chunk & (prefill_chunk - 1):
             raise ValueError(f"prefill_chunk must be a power of two >= 16, got {prefill_chunk}")
         self.decode_chunk, self.prefill_chunk = decode_chunk, prefill_chunk
-        self.merge_adapters = merge_adapters   # LoRA merged into the unrolled decode's copy
+        self.merge_adapters = merge_adapters   # float32 LoRA merged into the decode's copy
         # prefill and decode only the rows that take part when they are at most half the batch
         self.row_subsets = row_subsets
         self.policy = policy
@@ -332,7 +333,8 @@ class Sampler:
         """The unrolled decode's per-layer weights, cut once per version of the policy's
         weights (an update makes new arrays) rather than in every decode call. The copy
         lives as long as this sampler (the trainer makes a fresh one per rollout phase);
-        LoRA adapters are merged into it (merge_adapters=False keeps their product)."""
+        float32 LoRA adapters are merged into it (merge_adapters=False keeps their product;
+        bfloat16 always does: Decoder.layer_weights)."""
         if not self.unroll_layers:
             return None
         leaves = jax.tree.leaves(params)
