@@ -120,13 +120,16 @@ def _cmd_train(args) -> None:
     import os
 
     from supo_jax.rl.metrics import summary_table
-    from supo_jax.rl.trainer import train
+    from supo_jax.rl.trainer import Preempted, train
 
     import jax
 
     cfg = _config(args)
     try:
         out = train(cfg)
+    except Preempted as e:
+        print(f"supo-jax train: {e}", file=sys.stderr)
+        raise SystemExit(143) from None    # 128 + SIGTERM: the run did not finish
     except KeyboardInterrupt:
         ck = os.path.join(cfg.train.run_dir, "checkpoints")
         steps = [int(d) for d in (os.listdir(ck) if os.path.isdir(ck) else []) if d.isdigit()]
@@ -181,7 +184,7 @@ def _cmd_eval(args) -> None:
 
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import check_prompt_fits
-    from supo_jax.rl.trainer import evaluate
+    from supo_jax.rl.trainer import evaluate_caps
     from supo_jax.utils import json_safe
 
     cfg = _run_config(args)
@@ -189,7 +192,7 @@ def _cmd_eval(args) -> None:
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt, "eval")
     caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
-    rows = [evaluate(policy, fmt, cfg, max_summaries=c, seed=cfg.train.seed) for c in caps]
+    rows = evaluate_caps(policy, fmt, cfg, caps, seed=cfg.train.seed)
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "effective_context_mean", "overlong_rate"]
     print(" | ".join(f"{k:>20s}" for k in keys))

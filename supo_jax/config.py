@@ -24,7 +24,9 @@ from supo_jax.text.templates import SUMMARY_INSTRUCTION
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    path: str = ""                 # HF dir or .gguf; "" = a tiny random policy (tiny_* fields)
+    path: str = ""                 # HF dir or .gguf; "" or "tiny" = a tiny random policy (tiny_*)
+    pretrained: bool = False       # the config is for a pretrained model: a policy built without
+                                   # model.path / train.init_from is an error (unless path="tiny")
     dtype: str = "float32"         # parameter (master) dtype
     compute_dtype: str = ""        # "" = same as dtype
     remat: str = "auto"            # auto | none | full | dots | offload (what the backward keeps)
@@ -357,6 +359,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)
+    if cfg.model.path == "tiny":   # the tiny policy asked for by name
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="",
+                                                                 pretrained=False))
     try:
         cfg.model.lora()
     except ValueError as e:

@@ -86,6 +86,21 @@ def test_missing_or_unreadable_model_path(cmd, tmp_path, capsys):
     _one_line_error(capsys, _argv(cmd, tmp_path, str(partial)), "config.json", "num_attention_heads")
 
 
+@pytest.mark.parametrize("cmd", ["train", "sft"])
+@pytest.mark.parametrize("name", ["paper_fncall_supo.py", "paper_search_supo.py", "bfcl_supo.py"])
+def test_a_pretrained_models_config_without_a_model_refuses(cmd, name, tmp_path, capsys):
+    """A config of a pretrained model (the paper's) without model.path does not train the
+    2-layer random policy in its place: one line naming model.path; model.path=tiny asks
+    for the tiny policy by name."""
+    from supo_jax.config import load_config
+
+    config = os.path.join(os.path.dirname(CONFIG), name)
+    argv = [cmd, "--config", config, "--set", f"train.run_dir={tmp_path / 'run'}"]
+    _one_line_error(capsys, argv, "model.path", "model.path=tiny")
+    tiny = load_config(config, ["model.path=tiny"]).model
+    assert tiny.path == "" and not tiny.pretrained
+
+
 @pytest.mark.parametrize("cmd", CONFIGURED)
 def test_unknown_environment_and_config_key(cmd, tmp_path, capsys):
     _one_line_error(capsys, _argv(cmd, tmp_path, env="fncall/nope"), "env.name", "fncall/nope")

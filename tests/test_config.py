@@ -112,7 +112,7 @@ PAPER = {
     "advantage.estimator": "rollout_group", "advantage.normalize_std": True,
     "advantage.negative_weight": 1.0,
     "advantage.masked_reasons": ("max_summaries", "max_steps", "context_limit", "env_error",
-                                 "timeout"),
+                                 "timeout", "summary_cut"),
     "advantage.masked_count_in_stats": True, "advantage.rollout_weight": "tokens",
     "advantage.permute_rewards": False,
     "loss.objective": "ppo", "loss.eps_low": 0.2, "loss.eps_high": 0.28,
@@ -194,6 +194,14 @@ def test_runs_saved_before_the_trigger_rule_and_role_existed_keep_their_behaviou
     assert config_changes(saved, recipe) == []
     paper = apply_overrides(recipe, ["context.trigger_rule=paper"])
     assert config_changes(saved, paper) == ["context.trigger_rule: None -> 'paper'"]
+
+
+def test_paper_configs_train_the_papers_epochs():
+    """CodeGym: 100 steps of 128 tasks over 12,800 tasks (one pass); BrowseComp-Plus: 5 epochs
+    (docs/SUPO.md §8). The trainer walks the train tasks in order, B a step."""
+    for name, epochs in (("paper_fncall_supo.py", 1), ("paper_search_supo.py", 5)):
+        cfg = _experiment(name)
+        assert cfg.train.steps * cfg.rollout.tasks_per_step == epochs * cfg.env.train_tasks, name
 
 
 def test_paper_trigger_is_095_W_and_reserve_is_the_recipes_L():

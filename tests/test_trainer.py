@@ -386,3 +386,61 @@ def test_new_model_families_train_and_export(family, tmp_path):
     with torch.no_grad():
         want = ref(torch.as_tensor(ids)).logits.numpy()
     assert np.abs(np.asarray(ours.logits(ids)) - want).max() < 1e-4
+
+
+def test_summary_caps_are_evaluated_once_a_distinct_context(monkeypatch):
+    """eval_max_summaries under a manager that does not summarize is one evaluation (every
+    cap is the same greedy run); under SUPO each distinct cap is one, and the configured cap
+    reuses the evaluation already made."""
+    import dataclasses
+
+    from supo_jax.config import load_config
+    from supo_jax.rl import trainer
+
+    calls = []
+
+    def fake(policy, fmt, cfg, *, max_summaries=None, seed=0, progress=True):
+        calls.append(max_summaries)
+        return {"success_rate": 0.5, "max_summaries": max_summaries}
+
+    monkeypatch.setattr(trainer, "evaluate", fake)
+    cfg = load_config(CONFIG)
+    full = dataclasses.replace(cfg, context=dataclasses.replace(cfg.context, manager="full"))
+    rows = trainer.evaluate_caps(None, None, full, [0, 7, 14, 28])
+    assert len(calls) == 1 and [r["max_summaries"] for r in rows] == [0, 7, 14, 28]
+    calls.clear()
+    s = cfg.context.max_summaries
+    rows = trainer.evaluate_caps(None, None, cfg, [0, s, 7, 0], made={"success_rate": 1.0})
+    assert calls == [0, 7]
+    assert [r["success_rate"] for r in rows] == [0.5, 1.0, 0.5, 0.5]
+
+
+def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(straight_run, tmp_path):
+    """SIGTERM (a preemption notice) mid-run: the process ends that step, saves it (off the
+    train.save_every cycle), says so in one line and exits 143; rerunning the command resumes
+    there with metrics identical to a straight run."""
+    ref, _ = straight_run
+    d = str(tmp_path / "term")
+    cmd = _cmd(d, "train.save_every=100")     # no periodic checkpoint before the last step
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    t0 = time.time()
+    while time.time() - t0 < 300 and p.poll() is None:
+        if os.path.isfile(os.path.join(d, "metrics.jsonl")) and any(
+                r.get("step") == 1 and "loss" in r for r in _metrics(d)):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the run finished before it could be stopped"
+    os.kill(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err[-2000:]
+    line = err.strip().splitlines()[-1]
+    m = re.search(r"stopped by SIGTERM after step (\d+) of 4", line)
+    assert m and "rerun the same command to resume" in line, line
+    saved = int(m.group(1))
+    ck = RunCheckpoints(os.path.join(d, "checkpoints"), async_save=False)
+    assert saved in ck.steps() and saved < 4
+    ck.close()
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout
+    assert _metrics(d) == _metrics(ref)

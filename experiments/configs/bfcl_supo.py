@@ -22,7 +22,7 @@ from supo_jax.text.templates import SUMMARY_INSTRUCTION
 
 def config() -> Config:
     return Config(
-        model=ModelSection(path="", dtype="float32", compute_dtype="bfloat16"),
+        model=ModelSection(path="", pretrained=True, dtype="float32", compute_dtype="bfloat16"),
         env=EnvSection(name="bfcl/long_context", train_tasks=160, eval_tasks=40,
                        timeout_s=60.0),
         context=ContextConfig(manager="supo", working_context=8192, max_summaries=4,

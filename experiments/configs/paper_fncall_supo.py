@@ -12,7 +12,8 @@ from supo_jax.text.templates import SUMMARY_INSTRUCTION
 
 def config() -> Config:
     return Config(
-        model=ModelSection(path="", dtype="float32", compute_dtype="bfloat16", remat="full"),
+        model=ModelSection(path="", pretrained=True, dtype="float32", compute_dtype="bfloat16",
+                           remat="full"),
         env=EnvSection(name="fncall", knobs={"size": [24, 64]}, train_tasks=12800, eval_tasks=128),
         context=ContextConfig(manager="supo", working_context=4096, max_summaries=7, max_steps=100,
                               max_action_tokens=512, max_summary_tokens=1024,

@@ -1,5 +1,5 @@
-"""docs/SUPO.md §8 BrowseComp-Plus-style setup: search over a local corpus, W = 64K, S = 2, the
-paper's update setting by setting (supo_jax.config.PAPER_SUPO; tests/test_config.py checks it).
+"""docs/SUPO.md §8 BrowseComp-Plus-style setup: search over a local corpus, W = 64K, S = 2, 5 epochs
+(320 steps x 64 tasks over 4,096 tasks), the paper's update setting by setting (supo_jax.config.PAPER_SUPO; tests/test_config.py checks it).
     supo-jax train --config experiments/configs/paper_search_supo.py --set model.path=/ckpt/MODEL
 """
 from supo_jax.agent.context import NO_ANSWER, ContextConfig
@@ -11,7 +11,8 @@ from supo_jax.text.templates import SUMMARY_INSTRUCTION
 
 def config() -> Config:
     return Config(
-        model=ModelSection(path="", dtype="float32", compute_dtype="bfloat16", remat="full"),
+        model=ModelSection(path="", pretrained=True, dtype="float32", compute_dtype="bfloat16",
+                           remat="full"),
         env=EnvSection(name="search", knobs={"corpus_size": 100_000, "hops": [3, 6]},
                        train_tasks=4096, eval_tasks=128),
         context=ContextConfig(manager="supo", working_context=65536, max_summaries=2,
@@ -30,7 +31,7 @@ def config() -> Config:
                         kl_coef=0.0, entropy_coef=0.0),
         optim=OptimSection(lr=1e-6, schedule="constant", warmup_steps=0, minibatch_rows=128,
                            micro=16, ppo_epochs=1, max_kl=0.0),
-        train=TrainSection(steps=160, save_every=10, eval_every=20, run_dir="runs/paper_search_supo",
+        train=TrainSection(steps=320, save_every=10, eval_every=40, run_dir="runs/paper_search_supo",
                            eval_max_summaries=(0, 2, 5, 11, 23), sft_warm_start=False,
                            eval_temperature=0.0, eval_samples=1),
     )

@@ -146,11 +146,13 @@ def add_configured_adapters(policy: Policy, m: ModelSection, seed: int = 0) -> N
 def adapter_base(cfg: Config) -> str | None:
     """The model a PEFT export of the run's adapters names as its base (base_model_name_or_path):
     model.path, or train.init_from (a PEFT adapter's own base when it is one); None for the
-    tiny random policy, whose base save_policy writes to run_dir/base."""
+    tiny random policy and for a base stored in int8 or bfloat16 (model.lora_base_dtype: the
+    adapters trained on that, not on the checkpoint), whose base save_adapters writes to
+    run_dir/base."""
     from supo_jax.model.lora import read_peft_config
 
     path = cfg.train.init_from or cfg.model.path
-    if not path:
+    if not path or cfg.model.lora_base_dtype:
         return None
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return cfg.model.path or read_peft_config(path).get("base_model_name_or_path")
@@ -162,15 +164,20 @@ def save_policy(policy: Policy, cfg: Config, out: str, peft_out: str | None = No
     adapters and `peft_out` is given, the adapters alone as a PEFT adapter there.
     Collective in a multi-process run (every process calls it; process 0 writes)."""
     policy.save_pretrained(out)
-    if policy.model.lora is None or peft_out is None:
-        return
+    if policy.model.lora is not None and peft_out is not None:
+        save_adapters(policy, cfg, peft_out)
+
+
+def save_adapters(policy: Policy, cfg: Config, out: str) -> None:
+    """The policy's LoRA adapters as a PEFT adapter at `out`, naming the base they trained on
+    (adapter_base, else run_dir/base, written here: dequantized from int8). Collective."""
     from supo_jax.model.lora import save_peft
 
     base = adapter_base(cfg)
     if base is None:
         base = os.path.join(cfg.train.run_dir, "base")
         policy.save_pretrained(base, adapters=False)
-    save_peft(policy.model, peft_out, os.path.abspath(base) if os.path.exists(base) else base)
+    save_peft(policy.model, out, os.path.abspath(base) if os.path.exists(base) else base)
     barrier("supo_jax:peft:written")
 
 
@@ -182,6 +189,10 @@ def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = No
     path = cfg.train.init_from or m.path
     if path:
         return load_configured_policy(path, m, mesh=mesh, seed=cfg.train.seed)
+    if m.pretrained:
+        raise ConfigError("model.path: this config trains a pretrained model and names none; "
+                          "--set model.path=DIR (an HF checkpoint or a .gguf), or "
+                          "model.path=tiny for the 2-layer random test policy")
     from supo_jax.model.policy import load_tokenizer
     from supo_jax.model.tiny import tiny_config
 

@@ -199,6 +199,24 @@ def evaluate(policy: Policy, fmt: ChatFormat, cfg: Config, *, max_summaries: int
     return out
 
 
+def evaluate_caps(policy: Policy, fmt: ChatFormat, cfg: Config, caps: Sequence[int | None], *,
+                  seed: int = 0, progress: bool = True, made: dict | None = None) -> list[dict]:
+    """evaluate() at each summary cap (None: the configured one), once a distinct context: a
+    cap changes nothing where the manager does not summarize, nor where it is the configured
+    one (`made`: that evaluation, when already made). Evaluations are seeded, so a repeat
+    would give the same figures."""
+    ctx = cfg.context
+    done: dict = {} if made is None else {ctx.max_summaries: made}
+    out = []
+    for c in caps:
+        key = ctx.max_summaries if c is None or not ctx.summarizes else int(c)
+        if key not in done:
+            done[key] = evaluate(policy, fmt, cfg, max_summaries=key, seed=seed,
+                                 progress=progress)
+        out.append(dict(done[key], max_summaries=ctx.max_summaries if c is None else int(c)))
+    return out
+
+
 @dataclasses.dataclass
 class Run:
     """One RL run's live state. The parameters and optimizer state are replaced by every
@@ -220,8 +238,49 @@ class Run:
     placebo_rng: np.random.Generator | None = None   # advantage.permute_rewards' permutations
 
 
+class Preempted(Exception):
+    """The run stopped at a step boundary on SIGTERM, its checkpoint saved."""
+
+
+class _Preemption:
+    """SIGTERM (a TPU VM's preemption notice, a scheduler's stop) sets a flag; `agreed` says,
+    at a step boundary, whether any process of the run got one (one small exchange a step
+    when there are several processes), so that all save the same step and stop together."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.flag, self.old = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.flag = True
+
+    def agreed(self) -> bool:
+        if jax.process_count() == 1:
+            return self.flag
+        from supo_jax.rl.multihost import allgather_json
+        return any(allgather_json(self.flag))
+
+    def restore(self) -> None:
+        import signal
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+
+
 def train(cfg: Config) -> dict:
-    """Run (or resume) the configured RL run. Returns the final metrics and eval."""
+    """Run (or resume) the configured RL run. Returns the final metrics and eval. Raises
+    Preempted after saving the step a SIGTERM arrived in (at the end of that step)."""
+    preemption = _Preemption()
+    try:
+        return _train(cfg, preemption)
+    finally:
+        preemption.restore()
+
+
+def _train(cfg: Config, preemption: _Preemption) -> dict:
     run = open_run(cfg)
     metrics_log = MetricsLog(cfg.train.run_dir, run.start)
     if cfg.train.eval_before:
@@ -251,6 +310,14 @@ def train(cfg: Config) -> dict:
             outer.set_postfix(success=f"{row['success_rate']:.2f}",
                               loss=f"{loss:.3f}" if math.isfinite(loss) else "- (nothing trained)")
         end_step(run, step + 1, metrics_log, task_position=(pos + B) % len(train_tasks))
+        if step + 1 < cfg.train.steps and preemption.agreed():
+            if (step + 1) % cfg.train.save_every:    # end_step saved it otherwise
+                save_step(run, step + 1, task_position=(pos + B) % len(train_tasks))
+            run.ckpts.close()
+            metrics_log.close()
+            raise Preempted(f"stopped by SIGTERM after step {step + 1} of {cfg.train.steps}, "
+                            f"its checkpoint saved in {cfg.train.run_dir}; rerun the same "
+                            "command to resume")
     if outer:
         outer.close()
     return finish(run, history, metrics_log)
@@ -326,18 +393,28 @@ def open_run(cfg: Config) -> Run:
 def reference_params(run: Run) -> nnx.State:
     """The KL penalty's reference: the run's starting policy (after the warm start or as
     loaded). A new run saves it to run_dir/reference (safetensors), a resumed run loads it
-    from there, so the reference of steps after a resume is the one before it."""
-    if run.policy.model.lora is not None:
-        return None      # with LoRA adapters the reference is the base (train_step: adapters off)
+    from there, so the reference of steps after a resume is the one before it. With LoRA
+    adapters, the starting adapters alone (a PEFT adapter there; train_step joins them to
+    the frozen base): a warm start or train.init_from's adapter is part of the reference."""
+    from supo_jax.model.lora import peft_state
+    from supo_jax.rl.runs import save_adapters
+
+    lora = run.policy.model.lora
     path = os.path.join(run.cfg.train.run_dir, "reference")
     if run.start == 0:
-        run.policy.save_pretrained(path)     # collective gathers; process 0 writes
+        if lora is not None:
+            save_adapters(run.policy, run.cfg, path)
+        else:
+            run.policy.save_pretrained(path)     # collective gathers; process 0 writes
         barrier("supo_jax:reference:written")
-        return jax.tree.map(jnp.copy, run.params)   # train_step donates the parameters
-    if not os.path.isfile(os.path.join(path, "config.json")):
+        return jax.tree.map(jnp.copy, trainable(run.params))   # train_step donates the params
+    if not os.path.isfile(os.path.join(path, "adapter_config.json" if lora else "config.json")):
         raise ConfigError(
             f"loss.kl_coef > 0 needs the run's reference policy, {path}, which this run did not "
-            "write (it started without the KL penalty): start a new run directory")
+            "write (it started without the KL penalty, or with LoRA adapters before supo_jax "
+            "saved their reference): start a new run directory")
+    if lora is not None:
+        return peft_state(trainable(run.params), lora, path)
     return load_configured_policy(path, run.cfg.model, mesh=run.mesh).split()[1]
 
 
@@ -430,14 +507,19 @@ def rl_step(run: Run, step: int, tasks: Sequence[dict], *, max_len: int, loss_cf
             "segments": len(adv.segments), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
 
 
+def save_step(run: Run, done: int, *, task_position: int) -> None:
+    """Checkpoint the run after `done` steps (asynchronously; collective)."""
+    run.ckpts.save(done, trainable(run.params), run.opt_state, {
+        "step": done, "seed": run.cfg.train.seed, "task_position": task_position,
+        "model_fingerprint": run.fingerprint})
+
+
 def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int) -> None:
     """After `done` steps: a checkpoint every train.save_every steps and at the last, an
     eval every train.eval_every steps (the last step's eval is `finish`'s)."""
     t = run.cfg.train
     if done % t.save_every == 0 or done == t.steps:
-        run.ckpts.save(done, trainable(run.params), run.opt_state, {
-            "step": done, "seed": t.seed, "task_position": task_position,
-            "model_fingerprint": run.fingerprint})
+        save_step(run, done, task_position=task_position)
     if t.eval_every and done % t.eval_every == 0 and done < t.steps:
         ev = evaluate(run.policy, run.fmt, run.cfg, seed=t.seed, progress=t.progress)
         metrics_log.write({"step": done, **eval_row(ev)})
@@ -449,8 +531,8 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     run.ckpts.close()
     final = evaluate(run.policy, run.fmt, cfg, seed=t.seed, progress=t.progress)
     metrics_log.write_eval(t.steps, eval_row(final))
-    scaling = [evaluate(run.policy, run.fmt, cfg, max_summaries=s, seed=t.seed,
-                        progress=t.progress) for s in t.eval_max_summaries]
+    scaling = evaluate_caps(run.policy, run.fmt, cfg, t.eval_max_summaries, seed=t.seed,
+                            progress=t.progress, made=final)
     metrics_log.close()
     result = {"history": history, "eval": final, "eval_scaling": scaling, **run.report}
     if is_main():
