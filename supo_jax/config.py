@@ -331,8 +331,8 @@ def _set(obj, path, value, full):
         new = _set(cur, path[1:], value, full)
     try:
         return dataclasses.replace(obj, **{name: new})
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{full}: {e}") from None
+    except (ValueError, TypeError) as e:   # the message names the key already, or is given it
+        raise ConfigError(str(e) if str(e).startswith(full) else f"{full}: {e}") from None
 
 
 def import_env_modules(env: EnvSection) -> None:

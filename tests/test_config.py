@@ -240,3 +240,14 @@ def test_print_config_marks_every_departure_and_exits(capsys):
     assert marked == set(DEPARTURES)
     assert "optim.lr = 0.5   # paper: 1e-06" in out
     assert "# context: L = 371 tokens (reserve rule, W = 446)" in out
+
+
+def test_bad_values_name_the_setting_once_and_what_is_allowed():
+    from supo_jax.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["context.trigger_rule=papr"])
+    assert str(e.value).count("context.trigger_rule") == 1 and "paper, reserve" in str(e.value)
+    with pytest.raises(ConfigError, match=r"env.knobs=.*size \[9, 5\]: an int, or a range "
+                                          r"\[low, high\] with low <= high"):
+        load_config(None, ["env.knobs.size=[9, 5]"])

@@ -66,6 +66,8 @@ def generate_tasks(split: str, n: int, seed: int = 0, families=FAMILIES,
     for f in families:
         if f not in FAMILY_ENVS:
             raise ValueError(f"unknown fncall family {f!r}; choose from {FAMILIES}")
+    if isinstance(size, (tuple, list)) and (len(size) != 2 or size[0] > size[1]):
+        raise ValueError(f"size {list(size)}: an int, or a range [low, high] with low <= high")
     tasks = []
     for i in range(n):
         task_id = f"{_stream}:{split}:{seed}:{i}"
