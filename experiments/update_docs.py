@@ -55,8 +55,10 @@ def quickstart() -> str:
 
     table = summary_table(*quickstart_metrics()).splitlines()
     keep = [table[0]] + [ln for ln in table[1:] if ln.split()[0] in QUICK_ROWS]
-    return (f"Seed 0, as committed in {QUICKSTART} (rows {len(keep) - 1} of "
-            f"{len(table) - 1}):\n\n" + "\n".join("    " + ln.rstrip() for ln in keep))
+    return (f"Seed 0, as committed in {QUICKSTART} ({len(keep) - 1} of the "
+            f"{len(table) - 1} metrics the command prints). The eval columns are held-out "
+            "tasks before and after training; step 1 and step 30 are that step's training "
+            "rollouts:\n\n" + "\n".join("    " + ln.rstrip() for ln in keep))
 
 
 def departures() -> str:
