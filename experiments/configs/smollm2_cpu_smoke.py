@@ -10,8 +10,10 @@ that transformers loads. A few minutes on 2 CPU cores:
     supo-jax train --config experiments/configs/smollm2_cpu_smoke.py
 
 An untrained 135M model rarely answers, so its rewards (and group advantages) are ~0 and
-its rollouts end at the step or summary cap: overlong masking is off and a small entropy
-bonus is on, so that the two updates really train the weights the export then holds.
+its rollouts end at the step cap or at their summary, which it does not finish in 24 tokens
+(summary_cut: the summary is not trained; experiments/LOG.md 2026-11-28): overlong masking
+is off and a small entropy bonus is on, so that the two updates really train the weights
+the export then holds.
 """
 from supo_jax.agent.context import ContextConfig
 from supo_jax.config import (Config, ConfigError, EnvSection, ModelSection, OptimSection,
