@@ -183,3 +183,17 @@ def test_batch_alignment_and_errors():
     np.testing.assert_array_equal(b.old_logp[0, :3], [0.0, -0.5, -0.25])
     with pytest.raises(ValueError, match="exceeds"):
         build_batch([s], [1.0], max_len=2)
+
+
+def test_a_rerun_with_no_steps_left_shows_its_evaluation():
+    """summary_table of a finished run's rerun (no step, an eval) prints that eval, saying
+    no step ran; with nothing at all, one line."""
+    from supo_jax.rl.metrics import summary_table
+
+    out = summary_table([], {"success_rate": 0.75})
+    assert out.splitlines()[0].startswith("(no steps run")
+    assert out.splitlines()[1].split() == ["metric", "eval"]
+    assert out.splitlines()[2].split() == ["success_rate", "0.750"]
+    assert summary_table([]) == "(no steps run)"
+    two = summary_table([{"step": 1, "loss": 0.5}], {"success_rate": 0.5}, {"success_rate": 0.25})
+    assert two.splitlines()[0].split() == ["metric", "eval", "before", "step", "1", "eval", "after"]

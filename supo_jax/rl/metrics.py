@@ -142,18 +142,19 @@ def summary_table(history: list[dict], final: dict | None = None,
             "working_context_mean", "working_context_max", "effective_context_mean",
             "overlong_rate", "env_error_rate", "summary_state_share",
             "rollout_seconds", "update_seconds"]
-    if not history:
-        return "(no steps run)"
-    steps = [history[0]] + history[1:][-1:]     # the first and the last (one if the same)
+    steps = [history[0]] + history[1:][-1:] if history else []   # the first and the last
     cols = ([("eval before", before)] if before else []) + [
         (f"step {h['step']}", h) for h in steps
-    ] + ([("eval after" if before else "eval", final)] if final else [])
+    ] + ([("eval after" if before and steps else "eval", final)] if final else [])
+    if not cols:
+        return "(no steps run)"
 
     def cell(d, k):
         v = d.get(k) if d else None
         ok = isinstance(v, (int, float)) and math.isfinite(v)   # nan: e.g. no state probe
         return f"{v:12.3f}" if ok else f"{'-':>12s}"
-    lines = [f"{'metric':28s}" + "".join(f" {name:>12s}" for name, _ in cols)]
+    lines = [] if steps else ["(no steps run: the evaluation of the run's policy)"]
+    lines.append(f"{'metric':28s}" + "".join(f" {name:>12s}" for name, _ in cols))
     for k in keys:
         lines.append(f"{k:28s}" + "".join(f" {cell(d, k)}" for _, d in cols))
     return "\n".join(lines)
