@@ -278,6 +278,8 @@ def test_trains_and_evaluates_with_the_project_commands(category, tmp_path):
     if category == "long_context":     # its demos outgrow the context: summaries restart them
         sets += ["context.working_context=8192", "context.max_observation_tokens=2048",
                  "context.max_summaries=8"]
+    if category == "miss_func":        # room for the tiny policy's sampled turns: at W 4096
+        sets += ["context.working_context=8192"]   # its summaries are cut (masked rows)
     args = ["--config", os.path.join(root, "experiments", "configs", "tiny_test.py")]
     for s in sets:
         args += ["--set", s]
