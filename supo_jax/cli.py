@@ -443,19 +443,55 @@ def main(argv=None) -> int:
     from supo_jax.utils import enable_compile_cache, maybe_init_distributed
 
     enable_compile_cache()
-    if args.command in ("train", "eval", "sft"):
-        maybe_init_distributed()
+    try:
+        several = args.command in ("train", "eval", "sft") and maybe_init_distributed()
+    except ValueError as e:     # SUPO_JAX_HEARTBEAT_S
+        print(f"supo-jax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        code, said = _run(args)
+    except BaseException as e:   # SystemExit (143: preempted), or an error not expected
+        if not several:
+            raise
+        code, said = (e.code, None) if isinstance(e, SystemExit) else (1, repr(e))
+        if not isinstance(e, SystemExit):
+            import traceback
+            traceback.print_exc()
+    if several:    # the other processes stop at once, naming this one's error
+        _leave(code, said)
+    return code
+
+
+def _run(args) -> tuple[int, str | None]:
+    """The command's exit status, and what its error said."""
     try:
         args.fn(args)
     except (FileNotFoundError, ValueError, KeyError, IndexError, OSError) as e:
         print(f"supo-jax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 2, str(e)
     except KeyboardInterrupt as e:
         hint = ("; rerun the same command to resume from the latest checkpoint"
                 if args.command in ("train", "sweep") else "") + (f" ({e})" if str(e) else "")
         print(f"supo-jax {args.command}: interrupted{hint}", file=sys.stderr)
-        return 130
-    return 0
+        return 130, "interrupted"
+    return 0, None
+
+
+def _leave(code, said: str | None) -> None:
+    """A process of a multi-process run leaves after an error: told to the others
+    (utils.PeerWatch); it exits without jax.distributed's shutdown barrier (the others stop too: it would
+    wait its 5 minutes and abort), once the others have read why (PeerWatch.leave)."""
+    import jax
+
+    from supo_jax.utils import PeerWatch
+
+    if code in (0, None, 143):    # said at exit (PeerWatch.start)
+        return
+    print(f"supo-jax: process {jax.process_index()} of {jax.process_count()} stopped (the "
+          "others stop too); once the cause is gone, rerun every process with the same "
+          "command: the run resumes from its last checkpoint", file=sys.stderr)
+    PeerWatch.leave(f"error: {said or f'exit status {code}'}",
+                    code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

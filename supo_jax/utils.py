@@ -66,15 +66,24 @@ def enable_compile_cache(path: str | None = None) -> str:
     return path
 
 
+HEARTBEAT_S = 100        # jax.distributed's default failure detection (seconds)
+PEER_LOST_EXIT = 75      # exit status of a process stopped because another one stopped
+
+
 def maybe_init_distributed() -> bool:
-    """jax.distributed.initialize() for multi-host runs.
+    """jax.distributed.initialize() for multi-host runs, and a PeerWatch over the processes.
 
     On a TPU slice launched by launch_tpu.sh (SUPO_JAX_MULTIHOST=1) the runtime supplies
     the coordinator; elsewhere set SUPO_JAX_COORDINATOR=host:port, SUPO_JAX_NUM_PROCESSES
     and SUPO_JAX_PROCESS_ID (e.g. several CPU processes on one machine).
+    SUPO_JAX_HEARTBEAT_S (default 100): jax.distributed's heartbeat timeout; a process that
+    stops without a word is noticed by the others in half of it (PeerWatch).
     """
     import jax
 
+    hb = os.environ.get("SUPO_JAX_HEARTBEAT_S", str(HEARTBEAT_S))
+    if not hb.isdigit() or int(hb) < 2:
+        raise ValueError(f"SUPO_JAX_HEARTBEAT_S={hb!r}: a whole number of seconds, at least 2")
     coord = os.environ.get("SUPO_JAX_COORDINATOR")
     if coord:
         # cross-process collectives of the CPU backend (jax's default, set for clarity:
@@ -82,12 +91,163 @@ def maybe_init_distributed() -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coord,
                                    num_processes=int(os.environ["SUPO_JAX_NUM_PROCESSES"]),
-                                   process_id=int(os.environ["SUPO_JAX_PROCESS_ID"]))
-        return True
-    if os.environ.get("SUPO_JAX_MULTIHOST") == "1":
-        jax.distributed.initialize()
-        return True
-    return False
+                                   process_id=int(os.environ["SUPO_JAX_PROCESS_ID"]),
+                                   heartbeat_timeout_seconds=int(hb))
+    elif os.environ.get("SUPO_JAX_MULTIHOST") == "1":
+        jax.distributed.initialize(heartbeat_timeout_seconds=int(hb))
+    else:
+        return False
+    PeerWatch.start(timeout_s=int(hb) / 2)
+    return True
+
+
+class PeerWatch:
+    """Every process of a multi-process run says every few seconds that it is alive, and how
+    it left, through jax.distributed's key-value store; a thread in each reads the others'.
+    When another process stops (an error, kill -9, a lost host) this one prints one line
+    naming it and exits with PEER_LOST_EXIT, within a beat (an error) or timeout_s (no
+    word), instead of waiting in its next collective until the runtime's heartbeat timeout
+    aborts it with stack traces, or for its shutdown barrier (5 minutes) after an error.
+    Process 0 hosts the store and leaves last (its runtime's exit stops the others with stack
+    traces); when it dies the others' runtime stops them at once."""
+
+    PREFIX, GONE = "supo_jax/peer/", "supo_jax/gone/"
+    _active: "PeerWatch | None" = None
+
+    def __init__(self, client, me: int, n: int, timeout_s: float) -> None:
+        import threading
+
+        self.client, self.me, self.n, self.timeout_s = client, me, n, timeout_s
+        self.beat_s = max(0.5, min(5.0, timeout_s / 5))
+        self.stop = threading.Event()
+        self.leaving = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="supo-jax-peer-watch",
+                                       daemon=True)
+
+    @classmethod
+    def start(cls, timeout_s: float) -> "PeerWatch | None":
+        """Watch this run's processes (None: a single process, or a jax without the store)."""
+        import jax
+        from jax._src import distributed
+
+        client = getattr(distributed.global_state, "client", None)
+        if client is None or jax.process_count() == 1:
+            return None
+        import atexit
+
+        cls._active = cls(client, jax.process_index(), jax.process_count(), timeout_s)
+        cls._active.thread.start()
+        atexit.register(cls.leave, "done")    # before jax.distributed's shutdown (LIFO)
+        return cls._active
+
+    @classmethod
+    def leave(cls, how: str, code: int | None = None) -> None:
+        """This process is leaving: how = "done" (returns), or "error: <what it printed>"
+        (the others stop, naming it; this process exits with `code` once they have read
+        it). No-op without a watch."""
+        w = cls._active
+        if w is None:
+            return
+        w.stop.set()
+        w._say(how[:500])
+        if code is not None:
+            w._exit(code)
+
+    def _say(self, status: str) -> None:
+        try:
+            self.client.key_value_set(f"{self.PREFIX}{self.me}", status, allow_overwrite=True)
+        except Exception:      # the store is gone: nothing to tell
+            pass
+
+    def _said(self) -> dict[int, str]:
+        """Each process's last word; "gone" for those that exited after an error."""
+        said = {int(k.rsplit("/", 1)[1]): v for k, v in self.client.key_value_dir_get(self.PREFIX)}
+        said.update({int(k.rsplit("/", 1)[1]): "gone"
+                     for k, _ in self.client.key_value_dir_get(self.GONE)})
+        return said
+
+    def _exit(self, code: int, silent: tuple[int, ...] = ()) -> None:
+        """Exit without the runtime's shutdown barrier. Process 0 first waits (a bounded
+        time) until every other process has gone or fallen silent (`silent`: known so);
+        the others first wait until process 0 has read why they leave (it no longer says
+        it is alive)."""
+        import sys
+        import time
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with self.leaving:
+            last: dict[int, tuple[str, float]] = {}
+            quiet = 2 * self.beat_s + 1
+            start = time.monotonic()
+            while time.monotonic() < start + self.timeout_s:
+                try:
+                    said = self._said()
+                except Exception:
+                    break
+                now = time.monotonic()
+                if self.me == 0:
+                    for p in range(1, self.n):
+                        v = said.get(p, "")
+                        if last.get(p, (None,))[0] != v:
+                            last[p] = (v, now)
+                    if all(said.get(p) == "gone" or p in silent or now - last[p][1] > quiet
+                           for p in range(1, self.n)):
+                        time.sleep(0.5)     # their exits, begun
+                        break
+                elif not said.get(0, "alive").startswith("alive") or now - start > quiet:
+                    break
+                time.sleep(0.2)
+            try:
+                self.client.key_value_set(f"{self.GONE}{self.me}", "1", allow_overwrite=True)
+            except Exception:
+                pass
+            os._exit(code)
+
+    def _run(self) -> None:
+        import time
+
+        seen: dict[int, tuple[str, float]] = {}
+        beat, failures = 0, 0
+        while not self.stop.wait(self.beat_s):
+            beat += 1
+            try:
+                self._say(f"alive {beat}")
+                said = self._said()
+                failures = 0
+            except Exception as e:      # the coordinator's store is unreachable
+                failures += 1
+                if failures * self.beat_s >= self.timeout_s:
+                    self._fail(f"process 0 (the coordinator) is unreachable ({e})")
+                continue
+            now = time.monotonic()
+            for p in range(self.n):
+                if p == self.me or self.stop.is_set():
+                    continue
+                v = said.get(p, "")
+                if v.startswith("error"):
+                    self._fail(f"process {p} stopped with an {v}")
+                if v in ("done", "gone") or v.startswith("stopped"):
+                    continue
+                if seen.get(p, (None,))[0] != v:
+                    seen[p] = (v, now)
+                elif now - seen[p][1] > self.timeout_s:
+                    self._fail(f"process {p} has not been heard from in {self.timeout_s:.0f} s "
+                               "(SUPO_JAX_HEARTBEAT_S / 2): it died, or hangs; its log or "
+                               "its host says which", silent=(p,))
+
+    def _fail(self, what: str, silent: tuple[int, ...] = ()) -> None:
+        import sys
+
+        if self.stop.is_set():
+            return
+        self.stop.set()
+        sys.stdout.flush()
+        sys.stderr.write(f"supo-jax: error: process {self.me} of {self.n} stops: {what}. Rerun "
+                         "every process with the same command: the run resumes from its last "
+                         "checkpoint.\n")
+        self._say(f"stopped: {what}")
+        self._exit(PEER_LOST_EXIT, silent)
 
 
 def skip_absent_tpu() -> str | None:

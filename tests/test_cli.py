@@ -354,3 +354,10 @@ def test_train_refuses_a_run_dir_whose_checkpoints_cannot_be_restored(tmp_path, 
     assert err.startswith("supo-jax train: error: ") and "none of its checkpoints" in err, err
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == before
     assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("value", ["x", "1", "-5"])
+def test_a_bad_heartbeat_setting_is_one_line(value, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SUPO_JAX_HEARTBEAT_S", value)
+    _one_line_error(capsys, ["train", "--set", f"train.run_dir={tmp_path}"],
+                    f"SUPO_JAX_HEARTBEAT_S={value!r}", "at least 2")

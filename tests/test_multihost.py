@@ -31,9 +31,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # no SFT; unmasked rows with an entropy bonus, so that the loss is non-zero and every
 # update changes the parameters; short rollouts (8 turns, 2 summaries) and one eval task
+# fncall/pages, where an environment variable can make a process stop itself
+# (tests/worker_envs.py: stopping/pages)
 SETS = ["train.steps=2", "train.sft_warm_start=false", "advantage.masked_reasons=[]",
         "loss.entropy_coef=0.05", "context.max_steps=8", "env.eval_tasks=1",
-        "train.eval_before=false"]
+        "train.eval_before=false", "env.name=stopping/pages",
+        'env.imports=["tests.worker_envs"]']
 N = 2
 
 
@@ -43,9 +46,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400) -> list[str]:
-    """Run `cmd` as n JAX processes of `devices` CPU devices each (one coordinator on
-    localhost); their stdout, after asserting that each exited 0."""
+def _launch(cmd: list[str], n: int, devices: int, **extra: str) -> list[subprocess.Popen]:
+    """`cmd` as n JAX processes of `devices` CPU devices each (one coordinator on localhost),
+    with `extra` environment variables."""
     port = _free_port()
     procs = []
     for i in range(n):
@@ -53,34 +56,69 @@ def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400) -> li
         # each own the one GPU of a machine, and the CPU backend's collectives (gloo) are
         # what this test checks
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-                   JAX_PLATFORMS="cpu")
+                   JAX_PLATFORMS="cpu", **extra)
         if n > 1:
             env.update(SUPO_JAX_COORDINATOR=f"localhost:{port}", SUPO_JAX_NUM_PROCESSES=str(n),
                        SUPO_JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=ROOT))
-    outs = []
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 400,
+          kill: int | None = None) -> tuple[list, list[float]]:
+    """Each process's (stdout, stderr), and the time.time() it was seen to exit; `kill`: a
+    process to kill once another has exited (one that stopped itself)."""
+    import threading
+    import time
+
+    outs, ends = [None] * len(procs), [0.0] * len(procs)
+
+    def read(i, p):
+        outs[i] = p.communicate()
+        ends[i] = time.time()
+        if kill is not None and i != kill:
+            procs[kill].kill()
+
+    readers = [threading.Thread(target=read, args=(i, p), daemon=True)
+               for i, p in enumerate(procs)]
+    for t in readers:
+        t.start()
     try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout))
+        for t in readers:
+            t.join(timeout)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    for t in readers:
+        t.join(10)
+    return outs, ends
+
+
+def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400) -> list[str]:
+    """Run `cmd` as n JAX processes of `devices` CPU devices each; their stdout, after
+    asserting that each exited 0."""
+    procs = _launch(cmd, n, devices)
+    outs, _ = _wait(procs, timeout)
     for i, (p, (_, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i}:\n{err[-3000:]}"
     return [o for o, _ in outs]
 
 
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("multihost") / "run")
+def _train_cmd(run_dir: str) -> list[str]:
     cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
            "--set", f"train.run_dir={run_dir}"]
     for s in SETS:
         cmd += ["--set", s]
-    return run_dir, _processes(cmd, N, 1)
+    return cmd
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("multihost") / "run")
+    return run_dir, _processes(_train_cmd(run_dir), N, 1)
 
 
 # 6 tasks x 2 samples on 8 sampler rows (rows are reused), 8 turns with summaries, T = 1
@@ -248,3 +286,62 @@ def test_only_process_0_writes_logs_and_the_checkpoint_restores(two_process_run)
     for k in r:
         np.testing.assert_array_equal(r[k], e[k], err_msg=k)
     assert any(not np.array_equal(r[k], i0[k]) for k in r)   # the two steps trained it
+
+
+def test_preempted_then_killed_processes_resume_to_the_straight_runs_metrics(two_process_run,
+                                                                             tmp_path):
+    """Both processes of a run stop together on a SIGTERM to one of them (saving the step it
+    arrived in); rerun, one is killed (kill -9) in the next step's rollouts: the other stops
+    with one line naming it, within SUPO_JAX_HEARTBEAT_S / 2 and a beat; rerun again, the
+    run ends with the metrics of a run never stopped."""
+    straight, _ = two_process_run
+    run_dir = str(tmp_path / "run")
+    cmd = _train_cmd(run_dir)
+    # process 1 steps 2 rollouts a step: its first reset is step 1's (step 2's on a rerun)
+    procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP="1:1:TERM")
+    outs, _ = _wait(procs)
+    assert [p.returncode for p in procs] == [143, 143], [e[-2000:] for _, e in outs]
+    assert all("stopped by SIGTERM after step 1 of 2" in e for _, e in outs)
+    assert [r["step"] for r in _metrics(run_dir)] == [1]
+
+    # kill -9: on CPU processes the survivor's collective fails at once (gloo: connection
+    # reset by peer); a host that is lost without closing its connections hangs it instead:
+    # SIGSTOP, where the PeerWatch stops the survivor
+    for sig, bound in [("KILL", 10), ("STOP", 10 + 2 * 2 + 5)]:   # timeout, 2 beats, slack
+        procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP=f"1:1:{sig}", SUPO_JAX_HEARTBEAT_S="20")
+        outs, ends = _wait(procs, kill=1)
+        err = outs[0][1]
+        sent = float(re.search(rf"process 1 sends itself SIG{sig} at ([0-9.]+)",
+                               outs[1][1]).group(1))
+        assert procs[0].returncode == (75 if sig == "STOP" else 2), err[-2000:]
+        assert procs[1].returncode == -9
+        assert ends[0] - sent < bound, (sig, ends[0] - sent)
+        assert "rerun every process with the same command: the run resumes from its last " \
+               "checkpoint" in err.lower(), err[-2000:]
+        assert "Check failure stack trace" not in err       # not jax.distributed's abort
+        if sig == "STOP":
+            assert ("supo-jax: error: process 0 of 2 stops: process 1 has not been heard "
+                    "from in 10 s") in err, err[-2000:]
+        assert [r["step"] for r in _metrics(run_dir)] == [1]
+
+    _processes(cmd, N, 1)
+    timing = ("rollout_seconds", "update_seconds")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in _metrics(run_dir)] == \
+        [{k: v for k, v in r.items() if k not in timing} for r in _metrics(straight)]
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_an_error_on_one_process_stops_the_other_at_once(failing, tmp_path):
+    """One process fails on its own (here a Ctrl-C on it alone, in step 1): the other stops
+    within seconds, naming it, instead of waiting in its next collective (or for the
+    runtime's shutdown barrier); neither ends in the runtime's abort."""
+    run_dir = tmp_path / "run"
+    cmd = _train_cmd(str(run_dir)) + ["--set", "train.steps=1"]
+    procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP=f"{failing}:1:INT")
+    outs, ends = _wait(procs, timeout=200)
+    codes = [130 if i == failing else 75 for i in range(N)]
+    assert [p.returncode for p in procs] == codes, [e[-2000:] for _, e in outs]
+    other = 1 - failing
+    assert (f"process {other} of 2 stops: process {failing} stopped with an error: "
+            "interrupted") in outs[other][1]
+    assert abs(ends[0] - ends[1]) < 15

@@ -3,10 +3,17 @@
 - recorded/pages: records which process reset which rollout (RESETS: task ids in order);
 - faulty/pages: on process 1 only, the environments it builds fail in turn in their
   constructor, reset, step, and reward (a reward that is not a number), and one in five
-  works: one host's tools failing while the other's work.
+  works: one host's tools failing while the other's work;
+- stopping/pages: where SUPO_JAX_TEST_STOP="PROCESS:RESET:SIGNAL" is set, process PROCESS
+  sends itself SIGNAL (KILL: kill -9; TERM: a preemption notice) at its RESET-th reset
+  (from 1); otherwise fncall/pages.
 """
 import dataclasses
 import itertools
+import os
+import signal
+import sys
+import time
 
 import jax
 
@@ -53,5 +60,22 @@ class FaultyPages(Pages):
         return res
 
 
-for _name in ("recorded/pages", "faulty/pages"):
+_resets = itertools.count(1)
+
+
+@register_env("stopping/pages", tasks=_tasks)
+class StoppingPages(Pages):
+    def reset(self, task):
+        n = next(_resets)
+        stop = os.environ.get("SUPO_JAX_TEST_STOP")
+        if stop:
+            proc, at, sig = stop.split(":")
+            if jax.process_index() == int(proc) and n == int(at):
+                print(f"test: process {proc} sends itself SIG{sig} at {time.time()}",
+                      file=sys.stderr, flush=True)
+                os.kill(os.getpid(), getattr(signal, "SIG" + sig))
+        return super().reset(task)
+
+
+for _name in ("recorded/pages", "faulty/pages", "stopping/pages"):
     register_expert(_name, lambda name, **kw: expert_for("fncall/pages", **kw))
