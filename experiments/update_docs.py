@@ -12,6 +12,8 @@ Blocks:
                  departures() with the reasons in supo_jax/configs/cpu_recipe.py
   reproduce_cpu  the reproduction's results.md (experiments/reproduce_cpu.py writes it;
                  copy it to RESULTS first)
+docs/ENVIRONMENTS.md:
+  redcount_example  my_envs/redcount.py, the example environment (REDCOUNT)
 docs/SCALING.md:
   gpu_smollm2    the SmolLM2 GPU runs' table, from their metrics.jsonl files (GPU_SMOLLM2)
   tpu_plan_example  supo_jax.plan.format_plan of the committed `supo-jax plan` report
@@ -115,8 +117,19 @@ def tpu_plan_example() -> str:
                                       format_plan(rep).splitlines()))
 
 
+REDCOUNT = os.path.join("my_envs", "redcount.py")
+
+
+def redcount_example() -> str:
+    """The example as the docs show it: its code, under its path (the docstring left out)."""
+    text = open(os.path.join(ROOT, REDCOUNT)).read()
+    code = re.sub(r'^""".*?"""\n', "", text, count=1, flags=re.S)
+    return f"```python\n# {REDCOUNT}\n{code}```"
+
+
 BLOCKS = {"README.md": {"quickstart": quickstart, "departures": departures,
                         "reproduce_cpu": reproduce_cpu},
+          os.path.join("docs", "ENVIRONMENTS.md"): {"redcount_example": redcount_example},
           os.path.join("docs", "SCALING.md"): {"gpu_smollm2": gpu_smollm2,
                                                "tpu_plan_example": tpu_plan_example}}
 

@@ -376,3 +376,18 @@ def test_an_environment_probe_gives_summary_state_share(rc_dir):
         assert sum(r.counters["summaries"] for r in ro) >= 4
         out[name] = summarize(ro)["summary_state_share"]
     assert out["redcount"] != out["redcount"] and out["redcount_probed"] == 1.0
+
+
+def test_the_shipped_example_runs_from_the_repository_root(tmp_path):
+    """my_envs/redcount.py ships with the repository: the docs' env.imports finds it from the
+    root, as the README's command is run in a fresh clone."""
+    from tests.readme_helpers import ROOT
+
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "redcount",
+                        "--set", 'env.imports=["my_envs.redcount"]', "--policy", "scripted",
+                        "--context", "supo", "--num", "2", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [json.loads(x) for x in open(out)]
+    assert [r["reason"] for r in rows] == ["answer", "answer"]
