@@ -14,6 +14,9 @@ Blocks:
                  copy it to RESULTS first)
 docs/ENVIRONMENTS.md:
   redcount_example  my_envs/redcount.py, the example environment (REDCOUNT)
+docs/CLI.md:
+  cli_commands   the subcommands: what each does, and its example (supo_jax.cli's parser)
+  cli_NAME       each subcommand's flags, defaults and help texts (its argparse parser)
 docs/SCALING.md:
   gpu_smollm2    the SmolLM2 GPU runs' table, from their metrics.jsonl files (GPU_SMOLLM2)
   tpu_plan_example  supo_jax.plan.format_plan of the committed `supo-jax plan` report
@@ -127,9 +130,63 @@ def redcount_example() -> str:
     return f"```python\n# {REDCOUNT}\n{code}```"
 
 
+def _subcommands():
+    """{name: (help, its argparse parser)} of supo-jax, in the parser's order."""
+    import argparse
+
+    from supo_jax.cli import build_parser
+
+    sp = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sp._choices_actions}
+    return {name: (helps[name], p) for name, p in sp.choices.items()}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def cli_commands() -> str:
+    from supo_jax.cli import _EXAMPLES
+
+    rows = ["| command | what it does | example |", "|---|---|---|"]
+    for name, (help_, _) in _subcommands().items():
+        example = _EXAMPLES[name].split("\n")[0].split("   #")[0].strip()
+        rows.append(f"| [`{name}`](#supo-jax-{name}) | {_cell(help_)} | `{_cell(example)}` |")
+    return "\n".join(rows)
+
+
+def cli_flags(name: str) -> str:
+    """The flag table of `supo-jax NAME`, from its parser: what --help says."""
+    import argparse
+
+    rows = ["| flag | default | what it is |", "|---|---|---|"]
+    for a in _subcommands()[name][1]._actions:
+        if isinstance(a, argparse._HelpAction):
+            continue
+        flag, help_ = a.option_strings[-1], a.help
+        if a.nargs != 0:
+            flag += " " + (a.metavar or a.dest.upper())
+        if a.required:
+            default = "required"
+        elif isinstance(a, argparse._StoreTrueAction):
+            default = "off"
+        elif a.default in (None, "") and "; default: " in help_:   # the help says what
+            help_, default = help_.rsplit("; default: ", 1)
+        elif a.default in (None, ""):
+            default = "none"
+        else:
+            default = f"`{a.default}`"
+        rows.append(f"| `{_cell(flag)}` | {_cell(default)} | {_cell(help_)} |")
+    return "\n".join(rows)
+
+
 BLOCKS = {"README.md": {"quickstart": quickstart, "departures": departures,
                         "reproduce_cpu": reproduce_cpu},
           os.path.join("docs", "ENVIRONMENTS.md"): {"redcount_example": redcount_example},
+          os.path.join("docs", "CLI.md"): {
+              "cli_commands": cli_commands,
+              **{f"cli_{n}": (lambda n=n: cli_flags(n)) for n in
+                 ("train", "eval", "sft", "sweep", "rollout", "generate", "export", "plan")}},
           os.path.join("docs", "SCALING.md"): {"gpu_smollm2": gpu_smollm2,
                                                "tpu_plan_example": tpu_plan_example}}
 

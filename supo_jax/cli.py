@@ -44,9 +44,20 @@ def _config(args, announce: bool = True):
     if announce:
         print(describe(args.config), flush=True)
     cfg = load_config(args.config, args.set or [])
+    _no_summarizer(cfg)
     if announce and getattr(args, "print_config", False):
         _print_config(cfg)
     return cfg
+
+
+def _no_summarizer(cfg) -> None:
+    """No command has a second (summarizer) policy: frozen_summarizer is the Python API's."""
+    from supo_jax.config import ConfigError
+
+    if cfg.context.manager == "frozen_summarizer":
+        raise ConfigError("context.manager=frozen_summarizer writes summaries with a separate "
+                          "frozen policy, which no supo-jax command has: the Python API "
+                          "(supo_jax.agent.rollout.run_rollouts(..., summarizer=...)) runs it")
 
 
 def _print_config(cfg) -> None:
@@ -245,6 +256,7 @@ def _cmd_rollout(args) -> None:
         sets.append("train.sft_warm_start=false")
     print(describe(args.config), flush=True)
     cfg = load_config(args.config, sets)
+    _no_summarizer(cfg)
     if args.print_config:
         _print_config(cfg)
     if args.policy == "scripted" and not has_expert(cfg.env.name):
@@ -357,12 +369,13 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
         return super()._get_help_string(action)
 
 
-def _config_args(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--config", default=None, help="a config file (experiments/configs/NAME.py "
-                   "defining config()) or a run directory / its config.json; default: the CPU "
-                   "recipe")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config "
-                   "field, e.g. --set optim.lr=1e-5 (repeatable; --print-config lists the keys)")
+def _config_args(c: argparse.ArgumentParser, config: str = "default: the CPU recipe",
+                 sets: str = "override a config field, e.g. --set optim.lr=1e-5 (repeatable; "
+                 "--print-config lists the keys)") -> None:
+    c.add_argument("--config", default=None, metavar="FILE", help="a config file "
+                   "(experiments/configs/NAME.py defining config()) or a run directory / its "
+                   f"config.json; {config}")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help=sets)
     c.add_argument("--print-config", action="store_true",
                    help="print the resolved settings (departures from the paper's "
                    "algorithm marked) and exit")
@@ -372,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supo-jax", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = _sub(sub, "generate", "chat-generate with a policy (HF directory, .gguf or Hub id)")
-    g.add_argument("--model", required=True, help="HF directory, .gguf file or Hub id")
+    g.add_argument("--model", required=True, metavar="PATH", help="HF directory, .gguf file "
+                   "or Hub id")
     g.add_argument("--prompt", default="What is the capital of France?", help="the user turn")
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -380,46 +394,63 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
     g.set_defaults(fn=_cmd_generate)
     e = _sub(sub, "export", "load a policy (e.g. a .gguf) and write it as HF safetensors")
-    e.add_argument("--model", required=True, help="HF directory, .gguf file or Hub id")
-    e.add_argument("--out", required=True, help="the directory to write")
+    e.add_argument("--model", required=True, metavar="PATH", help="HF directory, .gguf file "
+                   "or Hub id")
+    e.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
     e.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
     e.set_defaults(fn=_cmd_export)
     for name, fn, help_ in (("train", _cmd_train, "SUPO RL training; rerunning resumes"),
                             ("eval", _cmd_eval, "evaluate a run's policy on the held-out split"),
                             ("sft", _cmd_sft, "SFT warm start on demonstrations -> run_dir/sft")):
         c = _sub(sub, name, help_)
-        _config_args(c)
         if name == "eval":
-            c.add_argument("--max-summaries", default="", help="summary caps to evaluate, a "
-                           "comma list (e.g. 0,2,4,8); default: the config's")
+            _config_args(c, "checked against the run's saved settings (a difference is an "
+                         "error listing them); default: the run's saved settings "
+                         "(train.run_dir's config.json)", "what the evaluation changes, e.g. "
+                         "train.run_dir, env.eval_tasks (repeatable)")
+        else:
+            _config_args(c)
+        if name == "eval":
+            c.add_argument("--max-summaries", default="", metavar="LIST", help="summary caps "
+                           "to evaluate, a comma list (e.g. 0,2,4,8), one table row each; "
+                           "default: the run's own cap (context.max_summaries)")
         c.set_defaults(fn=fn)
     w = _sub(sub, "sweep", "train a grid of overrides x seeds; one table and plots")
-    w.add_argument("--config", default=None, help="a config file; default: the CPU recipe")
+    w.add_argument("--config", default=None, metavar="FILE", help="the base config file; "
+                   "default: the CPU recipe")
     w.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="a key and its values "
                    "(repeatable: the grid is their product)")
-    w.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2")
-    w.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed overrides")
-    w.add_argument("--out", default="runs/sweep", help="the sweep's directory")
-    w.add_argument("--host-index", type=int, default=0, help="this host's share (pods)")
-    w.add_argument("--host-count", type=int, default=1, help="hosts sharing the sweep")
-    w.add_argument("--collect-only", action="store_true", help="only collect finished runs")
+    w.add_argument("--seeds", default="0", metavar="LIST", help="comma list of train.seed "
+                   "values, e.g. 0,1,2")
+    w.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed overrides for "
+                   "every run (repeatable)")
+    w.add_argument("--out", default="runs/sweep", metavar="DIR", help="where the runs and the "
+                   "table go")
+    w.add_argument("--host-index", type=int, default=0, metavar="I", help="this host's share "
+                   "of the runs (or SUPO_JAX_SWEEP_HOST)")
+    w.add_argument("--host-count", type=int, default=1, metavar="N", help="hosts sharing the "
+                   "sweep (or SUPO_JAX_SWEEP_HOSTS)")
+    w.add_argument("--collect-only", action="store_true", help="only write the table from the "
+                   "finished runs")
     w.set_defaults(fn=_cmd_sweep)
     r = _sub(sub, "rollout", "run rollouts and print their statistics (and write them as JSONL)")
-    r.add_argument("--env", required=True, help="a registered environment, e.g. fncall/count")
-    r.add_argument("--policy", default="scripted", help="'scripted' (the environment's expert) "
-                   "or a model path")
-    r.add_argument("--context", default="supo", help="context manager: supo | full | truncate "
-                   "| window")
-    _config_args(r)
-    r.add_argument("--num", type=int, default=8, help="tasks to roll out (one rollout each)")
-    r.add_argument("--split", default="eval", help="task split: train | eval")
-    r.add_argument("--out", default=None, help="write the rollouts (JSONL: transcripts, "
-                   "segments; usable as sft.demos) to this file")
+    r.add_argument("--env", required=True, metavar="NAME", help="a registered environment "
+                   "(env.name), e.g. fncall/count")
+    r.add_argument("--policy", default="scripted", metavar="scripted|PATH", help="'scripted' "
+                   "(the environment's expert) or a model: HF directory, .gguf or Hub id")
+    r.add_argument("--context", default="supo", metavar="MANAGER", help="context.manager: "
+                   "supo | full | truncate | window")
+    _config_args(r, sets="an override (repeatable; applied after --env and --context)")
+    r.add_argument("--num", type=int, default=8, metavar="N", help="tasks to roll out (one "
+                   "rollout each)")
+    r.add_argument("--split", default="eval", metavar="eval|train", help="task split")
+    r.add_argument("--out", default=None, metavar="FILE.jsonl", help="write the rollouts "
+                   "(JSONL: transcripts, segments; usable as sft.demos) to this file")
     r.set_defaults(fn=_cmd_rollout)
     n = _sub(sub, "plan", "compile the run's train step, prefill and decode ahead of time for a "
              "TPU slice (no TPU needed: libtpu) and report memory per chip, flops, est. time")
     _config_args(n)
-    n.add_argument("--topology", required=True, help="a TPU slice as gcloud names accelerator "
+    n.add_argument("--topology", required=True, metavar="NAME", help="a TPU slice as gcloud names accelerator "
                    "types, e.g. v4-8, v5litepod-16, v5p-8, v6e-8 (supo_jax.plan.TOPOLOGIES)")
     n.add_argument("--model-config", default=None, metavar="DIR", help="a directory holding the "
                    "model's HF config.json (no weights needed); default: model.path's; 'tiny': "

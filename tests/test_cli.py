@@ -361,3 +361,11 @@ def test_a_bad_heartbeat_setting_is_one_line(value, tmp_path, capsys, monkeypatc
     monkeypatch.setenv("SUPO_JAX_HEARTBEAT_S", value)
     _one_line_error(capsys, ["train", "--set", f"train.run_dir={tmp_path}"],
                     f"SUPO_JAX_HEARTBEAT_S={value!r}", "at least 2")
+
+
+@pytest.mark.parametrize("cmd", ["train", "rollout"])
+def test_frozen_summarizer_is_refused_in_one_line(cmd, tmp_path, capsys):
+    argv = ([cmd, "--set", "context.manager=frozen_summarizer"] if cmd == "train" else
+            [cmd, "--env", "fncall/count", "--context", "frozen_summarizer"])
+    _one_line_error(capsys, argv + ["--set", f"train.run_dir={tmp_path}"],
+                    "frozen_summarizer", "run_rollouts")

@@ -68,3 +68,13 @@ def test_supo_md_references_resolve():
         for m in re.findall(r"SUPO\.md (§\d+)(?:-(§\d+))?", open(p).read()):
             cited.update(x for x in m if x)
     assert cited and cited <= heads, cited - heads
+
+
+def test_every_subcommand_has_its_generated_flag_table():
+    """CLI.md cannot miss a subcommand or a flag: each has a block rendered from the parser."""
+    names = set(U._subcommands())
+    blocks = U.BLOCKS[os.path.join("docs", "CLI.md")]
+    assert {f"cli_{n}" for n in names} | {"cli_commands"} == set(blocks)
+    for n in names:
+        for a in U._subcommands()[n][1]._actions[1:]:     # after --help
+            assert a.option_strings[-1] in blocks[f"cli_{n}"](), (n, a.option_strings)
