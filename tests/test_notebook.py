@@ -45,3 +45,40 @@ def test_install_cell_names_what_to_set_outside_a_checkout(tmp_path):
     code = "import importlib.util\nimportlib.util.find_spec = lambda name: None\n" + install
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode != 0 and "set REPO to the repository's git URL" in r.stderr
+
+
+def _install_functions(monkeypatch):
+    """The install cell's functions, defined without running its install."""
+    nb = nbformat.read(NB, as_version=4)
+    cell = nb.cells[1].source
+    ns: dict = {}
+    exec(cell.split("\nif importlib.util.find_spec(\"supo_jax\") is None:")[0], ns)
+    return ns
+
+
+def test_install_cell_keeps_the_runtimes_jax_and_installs_from_the_url(tmp_path, monkeypatch):
+    import importlib.metadata
+    import re
+
+    ns = _install_functions(monkeypatch)
+    have = ns["runtime_jax"]()      # this Python has jax: its versions, pinned
+    assert have == {"jax": importlib.metadata.version("jax"),
+                    "jaxlib": importlib.metadata.version("jaxlib")}
+    url = "https://example.org/owner/supo_jax.git"
+    args = ns["install_args"](url, None, have)
+    assert args[0] == "-c" and args[2:] == [f"supo-jax @ git+{url}"]
+    pins = open(args[1]).read().split()
+    assert pins == [f"jax=={have['jax']}", f"jaxlib=={have['jaxlib']}"]
+    # inside a checkout: that checkout; the tested pins only where jax is missing
+    assert ns["install_args"]("", ROOT, have)[-2:] == ["-e", ROOT]
+    assert ns["install_args"]("", ROOT, {}) == ["-c", os.path.join(ROOT, "constraints.txt"),
+                                                "-e", ROOT]
+    with pytest.raises(RuntimeError, match="set REPO"):
+        ns["install_args"]("", None, have)
+    # the cell's minimum is setup.py's
+    req = re.search(r'"jax>=([0-9.]+)"', open(os.path.join(ROOT, "setup.py")).read()).group(1)
+    assert ns["JAX_MIN"] == tuple(int(x) for x in req.split("."))
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "0.4.30" if name == "jax" else "0.4.30")
+    with pytest.raises(RuntimeError, match="older than supo_jax needs"):
+        ns["runtime_jax"]()
