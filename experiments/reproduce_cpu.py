@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from supo_jax.sweep import warm_start_once
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(HERE, "configs", "cpu_reproduce.py")
 
@@ -45,28 +47,6 @@ def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
         ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
          {"advantage.estimator": "trajectory_group"}),
     ]
-
-
-def warm_start_once(cfg, out: str, log=print) -> tuple[str, dict]:
-    """SFT the configured tiny policy once; returns (HF dir, report). Reused when present."""
-    from supo_jax.agent.render import ChatFormat
-    from supo_jax.rl.runs import build_policy
-    from supo_jax.rl.trainer import warm_start
-
-    hf = os.path.join(out, "sft")
-    meta = os.path.join(out, "sft.json")
-    if os.path.exists(meta) and os.path.isdir(hf):
-        with open(meta) as f:
-            return hf, json.load(f)
-    log("training the SFT warm-start policy on scripted demonstrations")
-    t0 = time.time()
-    policy = build_policy(cfg, os.path.join(out, "sft_tokenizer"))
-    report = warm_start(policy, ChatFormat(policy.tokenizer), cfg, cfg.train.progress)
-    policy.save_pretrained(hf)
-    report["seconds"] = time.time() - t0
-    with open(meta, "w") as f:
-        json.dump(report, f, indent=2)
-    return hf, report
 
 
 def _fmt(v, pct=False):

@@ -15,6 +15,15 @@ then `--collect-only` the table once all shares are done.
 
 Every configuration is built and validated before the first run starts, so a typo in a grid
 key or value fails at once, naming the key.
+
+Warm start: where the runs would each warm-start the tiny policy by SFT and the grid varies
+nothing the warm start depends on (sft.*, model.*, env.*, train.init_from,
+train.sft_warm_start), one SFT per seed is made under the sweep's base settings (its --config
+and --set, without the grid) in DIR/warm_start/seed<k>, and every grid point of that seed
+starts from it (train.init_from), as a comparison of methods needs, and as the base settings
+can demonstrate where a grid point could not (e.g. context.manager=full on a task that needs
+summaries). sweep.md says which was done. A run that fails (its warm start included) is a
+row of the table with its one-line reason, and the sweep goes on; a rerun tries it again.
 """
 from __future__ import annotations
 
@@ -96,6 +105,39 @@ class Run:
     seed: int
     run_dir: str
     cfg: Config
+    warm: Config | None = None    # the seed's shared warm start's config (None: its own)
+
+
+# grid keys a shared warm start depends on (prefixes): a grid over one of them warm-starts
+# each run on its own
+WARM_KEYS = ("sft.", "model.", "env.", "train.init_from", "train.sft_warm_start")
+
+
+def warm_start_dir(out: str, seed: int) -> str:
+    return os.path.join(out, "warm_start", f"seed{seed}")
+
+
+def warm_start_once(cfg: Config, out: str, log: Callable[[str], None] = print) -> tuple[str, dict]:
+    """SFT the configured tiny policy once into out/sft (an HF directory); returns (that
+    directory, the SFT report, also in out/sft.json). Reused when present."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.rl.runs import build_policy
+    from supo_jax.rl.trainer import warm_start
+
+    hf, meta = os.path.join(out, "sft"), os.path.join(out, "sft.json")
+    if os.path.exists(meta) and os.path.isdir(hf):
+        with open(meta) as f:
+            return hf, json.load(f)
+    log(f"{out}: the SFT warm start, on scripted demonstrations")
+    t0 = time.time()
+    policy = build_policy(cfg, os.path.join(out, "sft_tokenizer"))
+    report = warm_start(policy, ChatFormat(policy.tokenizer), cfg, cfg.train.progress)
+    policy.save_pretrained(hf)
+    report["seconds"] = time.time() - t0
+    with open(meta + ".tmp", "w") as f:
+        json.dump(json_safe(report), f, indent=2)
+    os.replace(meta + ".tmp", meta)
+    return hf, report
 
 
 def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[int], out: str,
@@ -108,13 +150,25 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
     names = list(names) if names is not None else [point_name(p) for p in grid_points]
     if len(names) != len(grid_points) or len(set(names)) != len(names):
         raise ValueError("one distinct name per grid point")
+    keys = {k for p in grid_points for k in p}
+    warm = {}
+    for seed in seeds:   # the seed's shared warm start, where one is made (module docstring)
+        base = load_config(config_path, [*overrides, f"train.seed={seed}",
+                                         f"train.run_dir={warm_start_dir(out, seed)}"])
+        if (base.train.sft_warm_start and not (base.train.init_from or base.model.path)
+                and not any(k.startswith(WARM_KEYS) for k in keys)):
+            warm[seed] = base
     runs = []
     for name, point in zip(names, grid_points):
         for seed in seeds:
             run_dir = os.path.join(out, name, f"seed{seed}")
             sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
                     f"train.seed={seed}", f"train.run_dir={run_dir}"]
-            runs.append(Run(name, dict(point), int(seed), run_dir, load_config(config_path, sets)))
+            if seed in warm:
+                sets += [f"train.init_from={os.path.join(warm_start_dir(out, seed), 'sft')}",
+                         "train.sft_warm_start=false"]
+            runs.append(Run(name, dict(point), int(seed), run_dir, load_config(config_path, sets),
+                            warm.get(seed)))
     stale = [f"{r.run_dir}: {'; '.join(ch)}" for r in runs
              if not r.cfg.train.accept_config_change and (ch := _changes(r))]
     if stale:
@@ -138,9 +192,12 @@ def _changes(run: Run, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:
 
 def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
               train_fn: Callable[[Config], dict] | None = None,
+              warm_fn: Callable[[Config, str], object] = warm_start_once,
               log: Callable[[str], None] = print) -> list[dict]:
-    """Run this host's share of `runs` (run i goes to host i % host_count); returns their
-    results (finished runs are read back, not rerun)."""
+    """Run this host's share of `runs` (run i goes to host i % host_count), each after its
+    seed's shared warm start (warm_fn(config, directory), made once); returns the results of
+    those that finished (finished runs are read back, not rerun). A run that fails leaves
+    failed.json with its one-line reason and the sweep goes on."""
     if not 0 <= host_index < host_count:
         raise ValueError(f"host index {host_index} is not in [0, {host_count})")
     if train_fn is None:
@@ -159,7 +216,20 @@ def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
         log(f"[{i + 1}/{len(runs)}] {run.run_dir}" + (
             f": finished with other settings ({'; '.join(changed)}), run again" if changed else ""))
         t0 = time.time()
-        out = train_fn(run.cfg)
+        failed = os.path.join(run.run_dir, "failed.json")
+        try:
+            if run.warm is not None:
+                warm_fn(run.warm, run.warm.train.run_dir)
+            out = train_fn(run.cfg)
+        except Exception as e:     # the run's row says why; the other runs go on
+            why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            log(f"[{i + 1}/{len(runs)}] {run.run_dir} failed: {why}")
+            os.makedirs(run.run_dir, exist_ok=True)
+            with open(failed, "w") as f:
+                json.dump({"seed": run.seed, "error": why}, f)
+            continue
+        if os.path.exists(failed):
+            os.remove(failed)
         res = {"name": run.name, "point": run.point, "seed": run.seed, "run_dir": run.run_dir,
                "seconds": time.time() - t0, "eval": _scalars(out.get("eval", {})),
                "eval_before": _scalars(out.get("eval_before") or {}),
@@ -190,7 +260,13 @@ def collect(runs: Sequence[Run]) -> list[dict]:
                 with open(p) as f:
                     res.append(json.load(f))
         row = {"name": name, "point": mine[0].point, "seeds": [r["seed"] for r in res],
-               "missing_seeds": [r.seed for r in mine if r.seed not in {x["seed"] for x in res}]}
+               "missing_seeds": [r.seed for r in mine if r.seed not in {x["seed"] for x in res}],
+               "failed": []}
+        for r in mine:
+            p = os.path.join(r.run_dir, "failed.json")
+            if r.seed in row["missing_seeds"] and os.path.exists(p):
+                with open(p) as f:
+                    row["failed"].append(json.load(f))
         for k in REPORT_KEYS:
             vals = [r["eval"][k] for r in res if isinstance(r["eval"].get(k), (int, float))
                     and not np.isnan(r["eval"][k])]
@@ -224,7 +300,7 @@ def table_markdown(rows: Sequence[dict]) -> str:
     """The final evals' means (± standard error over seeds), the starting policy's success
     and each seed's success before -> after."""
     head = ["run", "seeds", "success before", *REPORT_KEYS[:5], "per seed: before -> after",
-            "minutes"]
+            "minutes", "failed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def fmt(v, one):
@@ -239,6 +315,8 @@ def table_markdown(rows: Sequence[dict]) -> str:
                      + " -> " + " / ".join("-" if a is None else f"{a:.3f}"
                                           for _, _, a in r.get("per_seed", ())))
         cells.append("-" if r["seconds"] is None else f"{r['seconds'] / 60:.1f}")
+        cells.append("; ".join(f"seed {x['seed']}: {x['error']}".replace("|", "/")
+                               for x in r.get("failed", ())) or "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -321,8 +399,12 @@ def report(runs: Sequence[Run], out: str) -> dict:
     with open(os.path.join(out, "sweep.json"), "w") as f:
         json.dump(json_safe({"meta": provenance(), "rows": rows}), f, indent=2, allow_nan=False)
     md = table_markdown(rows)
+    shared = sorted({r.seed for r in runs if r.warm is not None})
+    warm = (f"Warm start: one SFT per seed ({', '.join(map(str, shared))}) under the sweep's base "
+            "settings, in warm_start/seed<k>, shared by every grid point of that seed."
+            if shared else "Warm start: each run its own (as its settings say).")
     with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write(f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "
-                f"training, mean ± standard error over seeds.\n\n{md}\n\n"
+                f"training, mean ± standard error over seeds. {warm}\n\n{md}\n\n"
                 f"![success vs step]({os.path.basename(plot)})\n")
-    return {"rows": rows, "markdown": md, "plot": plot}
+    return {"rows": rows, "markdown": md, "plot": plot, "warm_start": warm}

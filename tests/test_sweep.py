@@ -154,3 +154,67 @@ def test_collect_only_before_any_run_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"no run of this sweep has finished yet in {tmp_path}" in out
     assert os.path.getsize(tmp_path / "success_vs_step.png") > 1000
+
+
+def test_grid_points_share_each_seeds_warm_start_unless_the_grid_varies_it(tmp_path):
+    out = str(tmp_path)
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])),
+                      [0, 1], out)
+    for r in runs:
+        assert r.cfg.train.init_from == os.path.join(out, "warm_start", f"seed{r.seed}", "sft")
+        assert not r.cfg.train.sft_warm_start
+        assert r.warm.context.manager == "supo" and r.warm.train.seed == r.seed   # the base
+    own = sweep.plan(TINY, [{"sft.steps": "1"}, {"sft.steps": "2"}], [0], out)
+    assert all(r.warm is None and r.cfg.train.sft_warm_start and not r.cfg.train.init_from
+               for r in own)
+
+
+def test_a_failing_run_is_a_row_with_its_reason_and_the_sweep_goes_on(tmp_path):
+    """The sweep's own example: `full` runs that cannot train (here: fail) are rows of the
+    table with the reason; the warm start is made once a seed; a rerun tries them again."""
+    out, calls, warmed = str(tmp_path), [], []
+
+    def train(cfg):
+        if cfg.context.manager == "full":
+            raise ValueError("the scripted expert solved none of\n 64 tasks | here")
+        return _fake_train(calls)(cfg)
+
+    def warm(cfg, d):
+        if d not in warmed:
+            warmed.append(d)
+
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])),
+                      [0, 1], out)
+    said = []
+    sweep.run_sweep(runs, train_fn=train, warm_fn=warm, log=said.append)
+    assert warmed == [sweep.warm_start_dir(out, 0), sweep.warm_start_dir(out, 1)]
+    assert len(calls) == 2 and sum("failed: ValueError" in s for s in said) == 2
+    rep = sweep.report(runs, out)
+    supo, full = rep["rows"]
+    assert supo["seeds"] == [0, 1] and full["seeds"] == [] and len(full["failed"]) == 2
+    line = next(ln for ln in rep["markdown"].splitlines() if ln.startswith("| manager=full"))
+    assert "seed 0: ValueError: the scripted expert solved none of 64 tasks / here" in line
+    assert "shared by every grid point" in open(os.path.join(out, "sweep.md")).read()
+    sweep.run_sweep(runs, train_fn=_fake_train(calls), warm_fn=warm, log=lambda *_: 0)
+    assert len(calls) == 4                          # the failed ones, again; now they finish
+    assert all(r["failed"] == [] and len(r["seeds"]) == 2 for r in sweep.collect(runs))
+
+
+@pytest.mark.slow
+def test_the_sweep_help_example_compares_managers_from_one_warm_start(tmp_path, capsys):
+    """`supo-jax sweep --grid context.manager=supo,full --seeds 0` (sweep --help's example, at
+    a few steps): the CPU recipe's task needs summaries, so `full` cannot demonstrate it; both
+    points start from the seed's warm start made under the recipe (SUPO) and finish."""
+    small = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
+             "model.tiny_kv_heads=1", "model.tiny_mlp=64", "env.eval_tasks=2",
+             "sft.num_demos=8", "sft.steps=2", "train.steps=1", "rollout.tasks_per_step=2",
+             "train.progress=false", "train.eval_before=false"]
+    argv = ["sweep", "--grid", "context.manager=supo,full", "--seeds", "0", "--out", str(tmp_path)]
+    for s in small:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    rows = json.load(open(tmp_path / "sweep.json"))["rows"]
+    assert [(r["name"], r["seeds"], r["failed"]) for r in rows] == [
+        ("manager=supo", [0], []), ("manager=full", [0], [])]
+    assert os.path.isdir(tmp_path / "warm_start" / "seed0" / "sft")
+    assert not os.path.isdir(tmp_path / "manager=full" / "seed0" / "sft")   # no SFT of its own
