@@ -115,6 +115,49 @@ def test_truncate_and_window_managers_run(fmt):
             assert len(r.segments) >= 2   # cutting the context starts a new segment
 
 
+class _Bulky(Environment):
+    """Each ping returns a long result (a page of data); the 10th call is the answer."""
+    name = "bulky"
+    tools = (ToolSpec("ping", "ping", {"type": "object", "properties": {}}),)
+
+    def reset(self, task):
+        self.n = 0
+        return Reset("Ping ten times.", list(self.tools))
+
+    def step(self, name, arguments):
+        self.n += 1
+        return StepResult(f"result {self.n}: " + "data " * 60, done=self.n == 10,
+                          reward=1.0)
+
+
+def test_clear_replaces_the_oldest_tool_results_and_keeps_the_rest(fmt):
+    """Tool-result clearing at L: the oldest tool results read CLEARED (oldest first), the
+    actions and the prompt stay, the context is back below L in a new segment, and the
+    rollout answers where `full` ends at its limit."""
+    from supo_jax.agent.context import CLEARED
+
+    class Pinger:
+        def act(self, messages, summarize):
+            return '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+    def run(manager):
+        return run_rollouts(ScriptedActor(Pinger(), fmt), _Bulky, [{"task_id": "t"}], fmt,
+                            ContextConfig(manager, 1200, max_steps=20), rows=1)
+
+    assert [r.reason for r in run("full")] == ["context_limit"]
+    ro = run("clear")
+    r = ro[0]
+    assert r.reason == "answer" and r.counters["steps"] == 10 and r.counters["cleared"] > 0
+    assert r.counters["max_context"] <= 1200
+    k = r.counters["cleared"]
+    assert len(r.segments) >= 2                 # a cleared context starts a new segment
+    last = fmt.decode(r.segments[-1].tokens)    # the working context the answer came in
+    assert last.count(CLEARED) == k and "result 1:" not in last and "result 9:" in last
+    call = '<tool_call>\n{"name": "ping", "arguments": {}}'
+    assert "Ping ten times." in last and last.count(call) == 10     # the actions stay
+    assert summarize(ro)["cleared_mean"] == k
+
+
 class _Flaky(Environment):
     name = "flaky"
     tools = (ToolSpec("ping", "ping", {"type": "object", "properties": {}}),)

@@ -44,6 +44,10 @@ Managers (ContextConfig.manager):
                      rollout (context_limit).
   truncate           drop the oldest turns until the context fits below L.
   window             keep only the last `window_turns` turns.
+  clear              tool-result clearing: the oldest observations are replaced by a
+                     short placeholder (CLEARED) until the context fits below L;
+                     nothing is trained differently (a context cleared starts a new
+                     segment, as truncate's does).
   frozen_summarizer  like supo, but the summary comes from a separate frozen
                      policy and its tokens are not trained (ReSum-style).
 A context that is not an append-only continuation of the previous one starts a
@@ -57,7 +61,8 @@ from typing import NamedTuple, Sequence
 from supo_jax.agent.render import ChatFormat
 from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 
-MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer")
+MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear")
+CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
 REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout",
@@ -188,6 +193,9 @@ class RolloutState:
     mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     turns: tuple[tuple[int, int], ...] = ()   # (start, end) of each action+observation in tokens
+    obs_starts: tuple[int, ...] = ()   # where each turn's observation starts in tokens
+    cleared: int = 0                   # clear: the oldest turns whose tool results are cleared
+    results_cleared: int = 0           # clear: tool results replaced by CLEARED
     last_role: str = "user"            # role of the turn that closes `tokens`
     messages: tuple[dict, ...] = ()    # the working context as chat messages
     segments: tuple[Segment, ...] = ()
@@ -305,6 +313,7 @@ def _append_observation(fmt: ChatFormat, state: RolloutState, with_action: Rollo
     return dataclasses.replace(
         with_action, **_extend(with_action, obs_ids, 0), last_role=role,
         turns=state.turns + ((len(state.tokens), len(with_action.tokens) + len(obs_ids)),),
+        obs_starts=state.obs_starts + (len(with_action.tokens),),
         messages=state.messages + ({"role": "assistant", "content": action.text},
                                    {"role": role, "content": observation}),
         user_turn=observation if role == "user" else state.user_turn)
@@ -371,36 +380,80 @@ def _cut(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Rollou
     """truncate/window: drop the oldest turns (window: all but the last window_turns) until the
     context is below L; the cut context starts a new segment."""
     state, end = a.grown, a.end
-    turns = list(state.turns)
+    turns = list(zip(state.turns, state.obs_starts))
     keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
     start_len = len(state.prefix)
 
     def size(ts):
-        return start_len + sum(e - s for s, e in ts)
+        return start_len + sum(e - s for (s, e), _ in ts)
 
     while keep and size(keep) >= limit:
         keep = keep[1:]
     if not keep and size(keep) >= limit:
         return finish(state, "context_limit", end=end)
     segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
-    toks, new_turns = state.prefix, []
-    for s, e in keep:
+    toks, new_turns, obs = state.prefix, [], []
+    for (s, e), o in keep:
         new_turns.append((len(toks), len(toks) + e - s))
+        obs.append(len(toks) + o - s)
         toks = toks + state.tokens[s:e]
     n_msgs = 2 * len(keep)
     head = tuple(m for m in state.messages if m["role"] in ("system",)) + (
         next(m for m in state.messages if m["role"] == "user"),)
     new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
                               logprobs=(0.0,) * len(toks), turns=tuple(new_turns),
+                              obs_starts=tuple(obs),
                               attended=state.attended + state.segment_peak, segment_peak=0,
                               messages=head + (state.messages[-n_msgs:] if n_msgs else ()),
                               last_role=state.messages[-1]["role"] if keep else "user")
     return finish(new, "max_steps", close=False) if state.steps >= cfg.max_steps else new
 
 
+def _clear(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
+    """clear: the oldest tool observations not yet cleared become CLEARED, one at a time, until
+    the context is below L (every one cleared and still not: context_limit); user turns stay,
+    and so do results shorter than CLEARED.
+    The rewritten context starts a new segment, its actions context there (they were trained
+    where sampled)."""
+    state, end = a.grown, a.end
+    n_head = len(state.messages) - 2 * len(state.turns)    # the initial messages
+    pieces = []          # per turn: (action part, observation part, cleared)
+    for i, ((s, e), o) in enumerate(zip(state.turns, state.obs_starts)):
+        pieces.append([state.tokens[s:o], state.tokens[o:e], i < state.cleared])
+    size = len(state.prefix) + sum(len(x) + len(y) for x, y, _ in pieces)
+    k = state.cleared
+    while size >= limit and k < len(pieces):
+        act, old, _ = pieces[k]
+        role = state.messages[n_head + 2 * k + 1]["role"]
+        new = tuple(fmt.turn("assistant", role, CLEARED, act[len(fmt.gen_prompt):]))
+        if role == "tool" and len(new) < len(old):   # a user turn (a new request) is kept,
+            size += len(new) - len(old)               # and a result shorter than CLEARED
+            pieces[k] = [act, new, True]
+        k += 1
+    if size >= limit:
+        return finish(state, "context_limit", end=end)
+    segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
+    toks, turns, obs = state.prefix, [], []
+    for act, ob, _ in pieces:
+        turns.append((len(toks), len(toks) + len(act) + len(ob)))
+        obs.append(len(toks) + len(act))
+        toks = toks + act + ob
+    msgs = list(state.messages)
+    for i in range(state.cleared, k):
+        if pieces[i][2]:
+            msgs[n_head + 2 * i + 1] = {**msgs[n_head + 2 * i + 1], "content": CLEARED}
+    new = dataclasses.replace(state, segments=segs, tokens=toks, mask=(0,) * len(toks),
+                              logprobs=(0.0,) * len(toks), turns=tuple(turns),
+                              obs_starts=tuple(obs), cleared=k, messages=tuple(msgs),
+                              results_cleared=state.results_cleared + sum(
+                                  p[2] for p in pieces[state.cleared:k]),
+                              attended=state.attended + state.segment_peak, segment_peak=0)
+    return finish(new, "max_steps", close=False) if state.steps >= cfg.max_steps else new
+
+
 # what each manager does when the context reaches its limit (after_action)
 _ON_LIMIT = {"full": _end_at_limit, "truncate": _cut, "window": _cut, "supo": _summarize,
-             "frozen_summarizer": _summarize}
+             "frozen_summarizer": _summarize, "clear": _clear}
 assert set(_ON_LIMIT) == set(MANAGERS)
 
 
@@ -435,7 +488,8 @@ def after_summary(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, summ
     new = dataclasses.replace(
         state, phase="act", pending=(), segments=segments,
         tokens=state.prefix + cont, mask=(0,) * (len(state.prefix) + len(cont)),
-        logprobs=(0.0,) * (len(state.prefix) + len(cont)), turns=(), last_role="user",
+        logprobs=(0.0,) * (len(state.prefix) + len(cont)), turns=(), obs_starts=(),
+        last_role="user",
         messages=first_msgs + ({"role": "user", "content": cont_text},) + current,
         summaries=state.summaries + 1, steps=steps,
         generated_tokens=state.generated_tokens + len(summary.tokens),

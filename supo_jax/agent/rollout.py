@@ -340,7 +340,8 @@ class _Driver:
                           generated_tokens=st.generated_tokens,
                           summary_lengths=list(st.summary_lengths),
                           max_context=st.max_context, segments=len(st.segments),
-                          effective_context=st.effective_context))
+                          effective_context=st.effective_context,
+                          cleared=st.results_cleared))
         del self.active[row.slot]
         self.free.append(row.slot)
         if self.progress:
@@ -579,6 +580,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "steps_mean": sum(r.counters["steps"] for r in rollouts) / n,
         "tool_calls_mean": sum(r.counters["tool_calls"] for r in rollouts) / n,
         "summaries_mean": sum(r.counters["summaries"] for r in rollouts) / n,
+        "cleared_mean": sum(r.counters.get("cleared", 0) for r in rollouts) / n,
         "p_summary": len(with_sum) / n,
         "p_success_given_summary": (sum(r.reward > 0 for r in with_sum) / len(with_sum)
                                     if with_sum else float("nan")),
