@@ -1,5 +1,6 @@
 """Tool-call parser: valid calls, every error kind, hard limits, summaries, canonical format."""
 import json
+import sys
 import time
 
 import pytest
@@ -126,6 +127,14 @@ def test_limits_are_fast_and_quotes_are_short():
     for body in ['"' + '\\"' * 9000 + "[" * 40, '{"name": "' + '\\"' * 9000 + "[" * 40,
                  '"' * 19000 + "[" * 40]:
         assert "malformed JSON" in err(f"<tool_call>{body}</tool_call>")
+    # deep and broken further on: one verdict, however deep the caller's stack (the
+    # decoder's RecursionError comes sooner from a deeper stack)
+    broken = ('<tool_call>{"name": "compare", "arguments": {"i": ' + "[" * 500 + "1"
+              + "]" * 499 + "</tool_call>")
+
+    def nested(n):
+        return err(broken) if n == 0 else nested(n - 1)
+    assert "deeper than" in err(broken) and nested(sys.getrecursionlimit() - 150) == err(broken)
     # brackets inside strings do not count as nesting
     p = parse_action(call("search", {"query": "[" * 500 + "{" * 500}), TOOLS)
     assert p.kind == "call"

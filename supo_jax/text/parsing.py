@@ -19,6 +19,7 @@ message tells the model what to fix, quoting at most QUOTE_CHARS of its text.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -73,6 +74,16 @@ def _too_deep(obj, limit: int = MAX_JSON_DEPTH) -> bool:
                 return True
             stack.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
     return False
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')  # a string, or an unterminated one to the end
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _deepest(text: str) -> int:
+    """The deepest bracket nesting of (possibly broken) JSON text, outside its strings."""
+    steps = [_NESTING[c] for c in _JSON_STRING.sub("", text) if c in _NESTING]
+    return max(itertools.accumulate(steps), default=0)
 
 
 def _reject_constant(name):
@@ -133,10 +144,12 @@ def _load_json(body: str):
     too_deep = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
     try:  # the C decoder is linear-time; it raises RecursionError on extreme nesting
         obj = json.loads(body, parse_constant=_reject_constant)
-    except RecursionError:
-        return None, too_deep
-    except ValueError as e:  # JSONDecodeError, NaN/Infinity, over-long integers
+    except RecursionError:  # where it is raised depends on the caller's stack depth, so
+        return None, too_deep  # an error further on counts as too deep when the text nests
+    except ValueError as e:  # deeper than the limit before it: the same verdict everywhere
         if isinstance(e, json.JSONDecodeError):
+            if _deepest(body[:e.pos]) > MAX_JSON_DEPTH:
+                return None, too_deep
             return None, f"malformed JSON in tool call ({e.msg} near {quote(body[e.pos:e.pos + 30])})"
         return None, f"malformed JSON in tool call ({str(e)[:80]})"
     if body.count("[") + body.count("{") > MAX_JSON_DEPTH and _too_deep(obj):
