@@ -350,7 +350,8 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
         (B, mc.vocab_size), jnp.float32, sharding=logits_sh),
         jax.eval_shape(lambda: jax.random.key(0)),
         vec(jnp.bool_), vec(jnp.int32), jax.ShapeDtypeStruct((B, 2), jnp.int32),
-        jax.ShapeDtypeStruct((), jnp.int32), None),
+        jax.ShapeDtypeStruct((B, 2), jnp.int32, sharding=NamedSharding(
+            mesh, spec_for(("batch", None), (B, 2), mesh))), vec(jnp.int32), None),
         dict(steps=steps, attend_len=W, sp=sp, unroll_layers=False))   # TPU: the layer scan
     cache_bytes = 2 * math.prod(cache_shape) * jnp.dtype(cdt).itemsize
     return out, {"sampler_rows": B, "cache_len": W, "decode_steps": steps, "prefill_len": t,

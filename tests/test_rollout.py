@@ -366,6 +366,78 @@ def test_policy_rollouts_train_on_exactly_what_the_sampler_saw(fmt):
     assert Rollout.from_json(ro[0].to_json()).to_json() == ro[0].to_json()
 
 
+class _Counted(ScriptedActor):
+    """A scripted actor that counts its calls."""
+    calls = 0
+
+    def act(self, requests):
+        self.calls += 1
+        return super().act(requests)
+
+
+def _jittery(name, seed):
+    """make_env for `name` whose steps each take a random 0-20 ms (the order in which rows'
+    tools answer changes from run to run)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def make():
+        env = make_env(name)
+        act = env.act
+
+        def slow(text):
+            time.sleep(0.02 * rng.random())
+            return act(text)
+        env.act = slow
+        return env
+    return make
+
+
+@pytest.mark.parametrize("name", ["fncall/tallest", "fncall/count"])
+def test_independent_rows_give_the_turn_synchronous_rollouts(fmt, name):
+    """Rows that advance independently (each rejoins the decode batch when its own tool has
+    answered) produce token for token the transcripts and rows of the turn-synchronous
+    rounds, with a scripted actor and tools that answer in a random order; and they do not
+    wait for each other (more, smaller actor batches)."""
+    cfg = ContextConfig("supo", 1350, max_steps=60, max_summaries=6, max_summary_tokens=200)
+    tasks = [t for size in (4, 9, 14) for t in make_tasks(name, "train", 2, seed=size, size=size)]
+    out, calls = {}, {}
+    for rounds in (True, False):
+        actor = _Counted(expert_for(name), fmt)
+        ro = run_rollouts(actor, _jittery(name, int(rounds)), tasks, fmt, cfg, group_size=2,
+                          rows=5, rounds=rounds)
+        out[rounds], calls[rounds] = [r.to_json() for r in ro], actor.calls
+    assert out[True] == out[False]
+    assert sum(r["counters"]["summaries"] for r in out[True]) >= 2
+    assert calls[False] > calls[True]
+
+
+def test_policy_rows_sample_the_same_tokens_independent_or_in_rounds(fmt):
+    """A PolicyActor whose rows join and leave the decode batch at chunk boundaries samples
+    each rollout's tokens from its own stream: the rollouts equal the turn-synchronous
+    rounds' (tokens exactly, logprobs to float rounding), whichever rows decode together."""
+    pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
+    cfg = ContextConfig("supo", 1100, max_steps=6, max_summaries=2, max_action_tokens=40,
+                        max_summary_tokens=24)
+    tasks = [t for size in (4, 12, 20) for t in make_tasks("fncall/tallest", "train", 1,
+                                                              seed=size, size=size)]
+    out, calls = {}, {}
+    for rounds in (True, False):
+        actor = PolicyActor(pol, fmt, rows=4, max_len=cfg.row_bound(fmt),
+                            sampling=SamplingParams(1.0), seed=3)
+        actor.sampler.decode_chunk = 8
+        out[rounds] = run_rollouts(actor, _jittery("fncall/tallest", int(rounds)), tasks, fmt,
+                                   cfg, group_size=2, rows=4, rounds=rounds)
+        calls[rounds] = actor.sampler.slot_steps
+    for a, b in zip(out[True], out[False]):
+        assert a.transcript == b.transcript and a.reason == b.reason
+        assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments]
+        for sa, sb in zip(a.segments, b.segments):
+            np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-5)
+    assert calls[True] != calls[False]     # other rows decoded together
+
+
 def test_frozen_summarizer_writes_untrained_summaries(fmt):
     """ReSum-style: a separate frozen actor summarizes; its tokens carry no loss mask."""
     name = "fncall/pages"

@@ -456,3 +456,31 @@ def test_rope_table_lookup_equals_computed_rope():
     np.testing.assert_allclose(np.asarray(ca.k), np.asarray(cb.k), atol=1e-5)
     np.testing.assert_allclose(np.asarray(ca.v), np.asarray(cb.v), atol=1e-5)
     assert float(jnp.abs(ca.k[:, 1, :, 7:11]).sum()) > 0
+
+
+def test_a_rows_tokens_depend_on_its_stream_alone():
+    """A row samples the same tokens alone or beside other rows, in one decode call or cut
+    into calls of 8 steps that other rows join and leave (Sampler.start / advance): its
+    draws come from its own stream, not from the batch or the schedule."""
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)
+    rs = np.random.RandomState(5)
+    prompts = [_ids(rs, n) for n in (6, 9, 4)]
+    key, sp = jax.random.key(7), SamplingParams(1.0)
+
+    alone = Sampler(pol, batch=4, max_len=96, decode_chunk=0)
+    alone.append({0: prompts[0]})
+    ref = alone.generate([0], 30, set(), sp, key, {0: (3, 1)})[0]
+
+    s = Sampler(pol, batch=4, max_len=96, decode_chunk=8)
+    s.append({2: prompts[1], 3: prompts[2]})
+    s.start([2, 3], {2: 5, 3: 40}, set(), {2: (0, 0), 3: (1, 0)})
+    got = s.advance(sp, key)            # row 2 ends here; rows 0 and 1 join after
+    s.append({0: prompts[0], 1: prompts[0]})
+    s.start([0, 1], 30, set(), {0: (3, 1), 1: (3, 2)})
+    while s.generating:
+        got.update(s.advance(sp, key))
+    assert len(got[2].tokens) == 5 and len(got[3].tokens) == 40
+    assert got[0].tokens == ref.tokens and len(ref.tokens) == 30
+    np.testing.assert_allclose(got[0].logprobs, ref.logprobs, atol=1e-5)
+    assert got[1].tokens != got[0].tokens     # the same context, another stream
+    assert s.live_steps == 5 + 40 + 30 + 30 and s.slot_steps > s.live_steps

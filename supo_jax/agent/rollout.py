@@ -1,16 +1,18 @@
-"""The batched rollout driver: B tasks x G samples, one sampler batch per turn.
+"""The rollout driver: B tasks x G samples on a fixed number of sampler rows.
 
-Each turn, every row waiting for the model (to act or to summarize) goes
-through the actor as one batch. A PolicyActor keeps each row's KV cache across
-turns: it prefills only the tokens after the longest common prefix of what the
-row holds and what it must see now, so within a segment only new tokens are
-prefilled and after a summary the row restarts from the cached initial prompt.
+Rows advance independently. At each boundary (one decode call), the rows waiting for the
+model (to act or to summarize) join the decode batch, the rows whose generation ended leave
+it for their environment call, and the others keep decoding; a row whose tool answered
+rejoins at the next boundary. A PolicyActor keeps each row's KV cache across turns: it
+prefills only the tokens after the longest common prefix of what the row holds and what it
+must see now, so within a segment only new tokens are prefilled and after a summary the row
+restarts from the cached initial prompt.
 Environment calls (building the environment, reset, step, and reading what they return)
-run in a pool of worker threads under one deadline a batch; anything an environment raises
-or returns that is not what the protocol says, and a call past its deadline, ends only that
-rollout (reason env_error / timeout), on every process alike. A worker stuck in a call is
-replaced, so hung calls never exhaust the pool. Finished rows free their slot for queued
-rollouts.
+run in a pool of worker threads, each under its own deadline; anything an environment
+raises or returns that is not what the protocol says, and a call past its deadline, ends
+only that rollout (reason env_error / timeout), on every process alike. A worker stuck in a
+call is replaced, so hung calls never exhaust the pool. Finished rows free their slot for
+queued rollouts.
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ class Request:
     max_new: int
     messages: tuple[dict, ...]   # the same context as chat messages (scripted policies read it)
     summarize: bool
+    # the random stream of its tokens (Sampler.start): the driver's (rollout, generation)
+    # numbers, so that a rollout's tokens do not depend on the rows it decodes beside
+    stream: tuple[int, int] | None = None
 
 
 class Actor(Protocol):
@@ -69,11 +74,13 @@ class PolicyActor:
         self.sampler = Sampler(policy, rows, max_len)
         self.fmt, self.sampling, self.reuse_cache = fmt, sampling, reuse_cache
         self.rng = jax.random.key(seed)
-        self.calls = 0
+        self.submitted = 0
         self.row_tokens: dict[int, list[int]] = {}
         self.prefilled = 0  # tokens prefilled (the cost the KV cache reuse saves)
 
-    def act(self, requests: Sequence[Request]) -> list[Generation]:
+    def _prefill(self, requests: Sequence[Request]) -> None:
+        """Each request's row cut back to what it holds in common with the request's
+        tokens, and the rest prefilled (one batch)."""
         appends = {}
         for r in requests:
             held = self.row_tokens.get(r.row, [])
@@ -83,14 +90,71 @@ class PolicyActor:
             self.sampler.reset(r.row, n)
             appends[r.row] = r.tokens[n:]
             self.prefilled += len(r.tokens) - n
+            self.row_tokens[r.row] = list(r.tokens)
         self.sampler.append(appends)
-        out = self.sampler.generate([r.row for r in requests], {r.row: r.max_new for r in requests},
-                                    set(self.fmt.stop_ids), self.sampling,
-                                    jax.random.fold_in(self.rng, self.calls))
-        self.calls += 1
+
+    def _streams(self, requests: Sequence[Request]) -> dict[int, tuple[int, int]]:
+        """Each request's stream, else a new one of its row's."""
+        out = {}
         for r in requests:
-            self.row_tokens[r.row] = list(r.tokens) + out[r.row].tokens
+            self.submitted += 1
+            out[r.row] = r.stream or (-1 - r.row, self.submitted)
+        return out
+
+    def act(self, requests: Sequence[Request]) -> list[Generation]:
+        """Every request's generation, one batch from start to end (the same tokens as
+        submit and advance for the same requests)."""
+        self._prefill(requests)
+        out = self.sampler.generate([r.row for r in requests], {r.row: r.max_new for r in requests},
+                                    set(self.fmt.stop_ids), self.sampling, self.rng,
+                                    self._streams(requests))
+        for r in requests:
+            self.row_tokens[r.row] += out[r.row].tokens
         return [out[r.row] for r in requests]
+
+    # the stream the rollout driver uses: rows join and leave at decode-call boundaries
+    def submit(self, requests: Sequence[Request]) -> None:
+        """The requests' rows are prefilled and start generating (beside those that are),
+        each drawing from its request's stream (else a new one of its row's)."""
+        if requests:
+            self._prefill(requests)
+            self.sampler.start([r.row for r in requests], {r.row: r.max_new for r in requests},
+                               set(self.fmt.stop_ids), self._streams(requests))
+
+    def busy(self) -> bool:
+        return bool(self.sampler.generating)
+
+    def advance(self) -> dict[int, Generation]:
+        """One decode call over the generating rows (at most the sampler's decode_chunk
+        steps); {row: Generation} of those that ended in it."""
+        ended = self.sampler.advance(self.sampling, self.rng)
+        for row, g in ended.items():
+            self.row_tokens[row] += g.tokens
+        return ended
+
+
+class _Batched:
+    """A batch actor (act(requests) -> generations, e.g. ScriptedActor) as a stream: what
+    is submitted at a boundary is generated at once and ends at the next advance."""
+
+    def __init__(self, actor) -> None:
+        self.actor, self.ended = actor, {}
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        if requests:
+            self.ended.update(zip([r.row for r in requests], self.actor.act(requests)))
+
+    def busy(self) -> bool:
+        return bool(self.ended)
+
+    def advance(self) -> dict[int, Generation]:
+        ended, self.ended = self.ended, {}
+        return ended
+
+
+def streaming(actor):
+    """The actor as a stream (submit, busy, advance): itself when it is one."""
+    return actor if hasattr(actor, "submit") else _Batched(actor)
 
 
 class ScriptedActor:
@@ -245,20 +309,6 @@ class EnvPool:
             self.jobs.put(None)
 
 
-def wait_all(pool: EnvPool, futs: dict, timeout: float) -> dict:
-    """{key: outcome} of pool futures under one deadline (`timeout` seconds from now): the
-    result, the exception raised, or a TimeoutError for a call not done by then (abandoned)."""
-    done, _ = cf.wait(list(futs.values()), timeout=timeout)
-    out = {}
-    for k, f in futs.items():
-        if f in done:
-            out[k] = f.exception() or f.result()
-        else:
-            pool.abandon(f)
-            out[k] = cf.TimeoutError()
-    return out
-
-
 def _failure(e: BaseException, where: str) -> list:
     """A failed environment call as a rollout outcome: ["timeout" | "env_error", message]."""
     if isinstance(e, cf.TimeoutError):
@@ -274,6 +324,7 @@ class _Row:
         self.summaries: list[str] = []
         self.probes: list = []
         self.env_info: dict = {}
+        self.generations = 0     # the model's generations so far (its tokens' streams)
 
 
 def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
@@ -313,20 +364,38 @@ class OneProcess:
 
 
 class _Driver:
-    """The state of one run_rollouts call and its steps: start rows in free slots, generate
-    for every waiting row (one batch per actor), apply summaries, apply environment results,
-    close finished rows."""
+    """The state of one run_rollouts call. Rows advance independently: at each boundary (one
+    decode call of the actor), the rows whose reset or environment step came back join the
+    decode batch (their new tokens prefilled), the rows whose generation ended leave it for
+    their environment call (a tool step, or the probe of a summary) in the pool, and the
+    others keep decoding meanwhile. Where no row is decoding, the driver waits for the first
+    of its own environment calls to come back (or pass its deadline). Every process applies
+    the same outcomes at the same boundary (peers.merge, once a boundary), so all make the
+    same actor calls. rounds=True is the turn-synchronous reference (tests, benchmarks):
+    each round generates for every waiting row until all have ended, then waits for all
+    their environment calls."""
 
     def __init__(self, actor, summarizer, make_env, tasks, fmt, cfg, *, group_size, rows,
-                 env_timeout_s, env_workers, progress, peers):
-        self.actor, self.summarizer, self.make_env = actor, summarizer, make_env
-        self.peers = peers
+                 env_timeout_s, env_workers, progress, peers, rounds=False):
+        self.actor = streaming(actor)
+        self.summarizer = (streaming(summarizer) if cfg.manager == "frozen_summarizer"
+                           else self.actor)
+        self.make_env, self.peers, self.rounds = make_env, peers, rounds
+        self.group_size = group_size
         self.fmt, self.cfg, self.timeout, self.progress = fmt, cfg, env_timeout_s, progress
         self.queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)][::-1]
         self.free = list(range(rows))[::-1]
         self.active: dict[int, _Row] = {}
+        self.starting: dict[int, tuple] = {}        # slot -> (task, group, sample): reset out
+        self.generating: set[int] = set()           # slots in the actor's decode batch
+        self.ended: dict[int, Generation] = {}      # slot -> its generation, awaiting the env
+        self.calls: dict[int, tuple] = {}           # slot -> (kind, future, deadline): mine
+        self.built: dict[int, object] = {}          # slot -> the environment a reset built
         self.results: dict[tuple[int, int], Rollout] = {}
         self.pool = EnvPool(env_workers or rows)
+
+    def running(self) -> bool:
+        return bool(self.queue or self.active or self.starting)
 
     def close(self, row: _Row) -> None:
         st = row.state
@@ -347,41 +416,18 @@ class _Driver:
         if self.progress:
             self.progress(1)
 
+    def _call(self, slot: int, kind: str, fn, *args) -> None:
+        self.calls[slot] = (kind, self.pool.submit(fn, *args), time.monotonic() + self.timeout)
+
     def start_rows(self) -> None:
-        """Fill free slots from the queue. The process that owns a slot builds and resets its
-        environment in the pool; a build or reset that fails, times out or returns what is
-        not a prompt, and a prompt over L, fails that rollout only."""
-        starts, futs = [], {}
+        """Fill free slots from the queue: the process that owns a slot builds and resets
+        its environment in the pool."""
         while self.free and self.queue:
             task, gi, s = self.queue.pop()
             slot = self.free.pop()
+            self.starting[slot] = (task, gi, s)
             if self.peers.owns(slot):
-                futs[slot] = self.pool.submit(self._reset, task)
-            starts.append((slot, task, gi, s))
-        if not starts:
-            return
-        mine, envs = {}, {}
-        for slot, got in wait_all(self.pool, futs, self.timeout).items():
-            if isinstance(got, BaseException):
-                mine[slot] = _failure(got, "reset")
-            else:
-                envs[slot], mine[slot] = got
-        got = self.peers.merge(mine)
-        for slot, task, gi, s in starts:
-            kind, *rest = got[slot]
-            env = envs.get(slot)
-            if kind == "ok":
-                try:
-                    self.active[slot] = _Row(slot, task, gi, s, env, _start(self.fmt, self.cfg,
-                                                                            *rest))
-                    continue
-                except ValueError as e:
-                    kind, rest = "context_limit", [f"reset: {e!r}"[:500]]
-            row = _Row(slot, task, gi, s, env, RolloutState("", (), (), (), ()))
-            self.active[slot] = row
-            row.state = finish(row.state, kind, close=False)
-            row.transcript.append({"role": "error", "content": rest[0]})
-            self.close(row)
+                self._call(slot, "reset", self._reset, task)
 
     def _reset(self, task: dict) -> tuple[object, list]:
         """In a pool worker: a new environment for `task` and its reset as plain values."""
@@ -397,28 +443,106 @@ class _Driver:
         return env, ["ok", rs.system, rs.prompt,
                      json.loads(json.dumps([t.schema() for t in rs.tools]))]
 
-    def generate(self, acting: list[_Row], summ: list[_Row]) -> dict:
-        """slot -> Generation for every waiting row: one batch per actor (one batch in all
-        when the summarizer is the acting policy)."""
-        cfg = self.cfg
-        groups = [(acting, self.actor)]
-        if summ:
-            groups.append((summ, self.summarizer if cfg.manager == "frozen_summarizer"
-                           else self.actor))
-        merged = [(rs, a) for rs, a in groups if rs]
-        if len(merged) == 2 and merged[0][1] is merged[1][1]:
-            merged = [(acting + summ, self.actor)]
-        gens = {}
-        for rs, a in merged:
-            reqs = []
-            for r in rs:
-                toks = request_tokens(self.fmt, r.state)
-                is_sum = r.state.phase == "summarize"
-                budget = cfg.budget(len(toks), is_sum)    # >= 1: the manager leaves room
-                reqs.append(Request(r.slot, toks, budget, r.state.messages, is_sum))
-            for r, g in zip(rs, a.act(reqs)):
-                gens[r.slot] = g
-        return gens
+    def _started(self, slot: int, outcome: list) -> None:
+        """A reset's outcome: the row starts, or (a build or reset that failed, timed out or
+        returned what is not a prompt, or a prompt over L) its rollout ends at once."""
+        task, gi, s = self.starting.pop(slot)
+        env = self.built.pop(slot, None)
+        kind, *rest = outcome
+        if kind == "ok":
+            try:
+                self.active[slot] = _Row(slot, task, gi, s, env, _start(self.fmt, self.cfg, *rest))
+                return
+            except ValueError as e:
+                kind, rest = "context_limit", [f"reset: {e!r}"[:500]]
+        row = _Row(slot, task, gi, s, env, RolloutState("", (), (), (), ()))
+        self.active[slot] = row
+        row.state = finish(row.state, kind, close=False)
+        row.transcript.append({"role": "error", "content": rest[0]})
+        self.close(row)
+
+    def submit_ready(self) -> None:
+        """Every row waiting for the model joins its actor's decode batch (one submit per
+        actor: one in all when the summarizer is the acting policy)."""
+        cfg, by_actor = self.cfg, {}
+        for slot in sorted(self.active):
+            r = self.active[slot]
+            if slot in self.generating or slot in self.ended or r.state.phase == "done":
+                continue
+            toks = request_tokens(self.fmt, r.state)
+            is_sum = r.state.phase == "summarize"
+            budget = cfg.budget(len(toks), is_sum)    # >= 1: the manager leaves room
+            a = self.summarizer if is_sum else self.actor
+            by_actor.setdefault(id(a), (a, []))[1].append(Request(
+                slot, toks, budget, r.state.messages, is_sum,
+                stream=(r.group_id * self.group_size + r.sample, r.generations)))
+            r.generations += 1
+            self.generating.add(slot)
+        for a, reqs in by_actor.values():
+            a.submit(reqs)
+
+    def advance(self) -> None:
+        """One boundary's decoding (every row to its end in rounds mode); the rows whose
+        generation ended leave for their environment call."""
+        actors = [self.actor] + ([self.summarizer] if self.summarizer is not self.actor else [])
+        while True:
+            for a in actors:
+                if a.busy():
+                    for slot, g in a.advance().items():
+                        self.generating.discard(slot)
+                        self.ended[slot] = g
+                        r = self.active[slot]
+                        if r.env is None:          # a row another process owns
+                            continue
+                        text = self.fmt.action_text(g.tokens)
+                        if r.state.phase == "summarize":
+                            self._call(slot, "probe", self._probe, r.env, text)
+                        else:
+                            self._call(slot, "step", self._step, r.env, text)
+            if not (self.rounds and any(a.busy() for a in actors)):
+                return
+
+    def collect(self, wait: bool) -> dict:
+        """The outcomes of my environment calls that came back (or passed their deadline:
+        abandoned, a timeout). wait: first wait for one of them (all of them in rounds mode)."""
+        if wait and self.calls:
+            futs = [f for _, f, _ in self.calls.values()]
+            until = (max if self.rounds else min)(d for _, _, d in self.calls.values())
+            cf.wait(futs, timeout=max(0.0, until - time.monotonic()),
+                    return_when=cf.ALL_COMPLETED if self.rounds else cf.FIRST_COMPLETED)
+        mine, now = {}, time.monotonic()
+        for slot, (kind, f, deadline) in list(self.calls.items()):
+            if f.done():
+                out = f.exception() or f.result()
+            elif now >= deadline:
+                self.pool.abandon(f)
+                out = cf.TimeoutError()
+            else:
+                continue
+            del self.calls[slot]
+            if kind == "probe":
+                mine[slot] = ["probe", None if isinstance(out, BaseException) else out]
+            elif isinstance(out, BaseException):
+                mine[slot] = _failure(out, kind)
+            elif kind == "reset":
+                self.built[slot], mine[slot] = out
+            else:
+                mine[slot] = self._observation(out)
+        return mine
+
+    def apply(self, got: dict) -> None:
+        """Every process applies the same outcomes, in slot order."""
+        for slot in sorted(got):
+            if slot in self.starting:
+                self._started(slot, got[slot])
+                continue
+            r, g = self.active[slot], self.ended.pop(slot)
+            if r.state.phase == "summarize":
+                self.apply_summary(r, g, got[slot][1])
+            else:
+                self.apply_env_result(r, g, got[slot])
+            if r.state.phase == "done":
+                self.close(r)
 
     @staticmethod
     def _probe(env, summary: str):
@@ -456,87 +580,72 @@ class _Driver:
         except Exception as e:  # noqa: BLE001
             return _failure(e, "observation")
 
-    def apply_summaries(self, summ: list[_Row], gens: dict, probes: dict) -> None:
+    def apply_summary(self, r: _Row, g: Generation, probe) -> None:
         cfg = self.cfg
-        for r in summ:
-            g = gens[r.slot]
-            text = self.fmt.action_text(g.tokens)
-            turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
-            r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
-                             {"role": "assistant", "content": text, "summary": True}]
-            r.state = after_summary(cfg, self.fmt, r.state, turn,
-                                    trained=cfg.manager != "frozen_summarizer")
-            if r.state.reason == "summary_cut":
-                r.transcript[-1]["cut"] = True
-                continue
-            r.summaries.append(text)
-            r.probes.append(probes[r.slot])
-            r.transcript.append(dict(r.state.messages[-1], continuation=True))
+        text = self.fmt.action_text(g.tokens)
+        turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
+        r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
+                         {"role": "assistant", "content": text, "summary": True}]
+        r.state = after_summary(cfg, self.fmt, r.state, turn,
+                                trained=cfg.manager != "frozen_summarizer")
+        if r.state.reason == "summary_cut":
+            r.transcript[-1]["cut"] = True
+            return
+        r.summaries.append(text)
+        r.probes.append(probe)
+        r.transcript.append(dict(r.state.messages[-1], continuation=True))
 
-    def apply_env_results(self, acting: list[_Row], gens: dict, results: dict) -> None:
-        """Each action's environment result (a timeout or an exception ends that rollout)."""
-        for r in acting:
-            g = gens[r.slot]
-            text = self.fmt.action_text(g.tokens)
-            turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
-            r.transcript.append({"role": "assistant", "content": text})
-            kind, *rest = results[r.slot]
-            if kind != "ok":
-                r.state = finish(r.state, kind)
-                r.transcript.append({"role": "error", "content": rest[0]})
-                continue
-            obs, done, reward, tool_call, role, final = rest
-            r.env_info = final
-            if obs is not None:
-                r.transcript.append({"role": role, "content": obs})
-            n = len(r.state.tokens)
-            r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, done, reward,
-                                   tool_call=tool_call, role=role)
-            if r.state.phase == "summarize" and len(r.state.tokens) == n:
-                for m in r.transcript[-2:]:   # the pair reached L and left the context
-                    m["dropped"] = True
+    def apply_env_result(self, r: _Row, g: Generation, result: list) -> None:
+        """An action's environment result (a timeout or an exception ends that rollout)."""
+        text = self.fmt.action_text(g.tokens)
+        turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
+        r.transcript.append({"role": "assistant", "content": text})
+        kind, *rest = result
+        if kind != "ok":
+            r.state = finish(r.state, kind)
+            r.transcript.append({"role": "error", "content": rest[0]})
+            return
+        obs, done, reward, tool_call, role, final = rest
+        r.env_info = final
+        if obs is not None:
+            r.transcript.append({"role": role, "content": obs})
+        n = len(r.state.tokens)
+        r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, done, reward,
+                               tool_call=tool_call, role=role)
+        if r.state.phase == "summarize" and len(r.state.tokens) == n:
+            for m in r.transcript[-2:]:   # the pair reached L and left the context
+                m["dropped"] = True
 
     def step(self) -> None:
-        """One round: start rows, generate, run the actions' tool calls in parallel while the
-        summaries are probed, share the outcomes between processes, apply them, close
-        finished rows."""
+        """One boundary: start rows in free slots, rows waiting for the model join the
+        decode batch, one decode call, ended rows' environment calls go to the pool, the
+        outcomes back by now are shared between processes and applied. In rounds mode, the
+        starts' resets are waited for and applied first, and every call runs to its end."""
         self.start_rows()
-        if not self.active:
-            return
-        acting = [r for r in self.active.values() if r.state.phase == "act"]
-        summ = [r for r in self.active.values() if r.state.phase == "summarize"]
-        gens = self.generate(acting, summ)
-        futs = {r.slot: self.pool.submit(self._step, r.env, self.fmt.action_text(
-            gens[r.slot].tokens)) for r in acting if r.env is not None}   # the rows it owns
-        futs.update({r.slot: self.pool.submit(self._probe, r.env, self.fmt.action_text(
-            gens[r.slot].tokens)) for r in summ if r.env is not None})
-        mine = {}
-        for slot, out in wait_all(self.pool, futs, self.timeout).items():
-            if self.active[slot].state.phase == "summarize":
-                mine[slot] = ["probe", None if isinstance(out, BaseException) else out]
-            elif isinstance(out, BaseException):
-                mine[slot] = _failure(out, "step")
-            else:
-                mine[slot] = self._observation(out)
-        got = self.peers.merge(mine)
-        self.apply_summaries(summ, gens, {r.slot: got[r.slot][1] for r in summ})
-        self.apply_env_results(acting, gens, got)
-        for r in list(self.active.values()):
-            if r.state.phase == "done":
-                self.close(r)
+        if self.rounds and self.starting:
+            self.apply(self.peers.merge(self.collect(wait=True)))
+        self.submit_ready()
+        self.advance()
+        # nothing decoding (the same on every process): wait for an environment call of mine
+        self.apply(self.peers.merge(self.collect(
+            wait=not (self.actor.busy() or self.summarizer.busy()))))
 
 
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
                  fmt: ChatFormat, cfg: ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
                  env_workers: int | None = None, progress: Callable[[int], None] | None = None,
-                 peers: Peers | None = None) -> list[Rollout]:
+                 peers: Peers | None = None, rounds: bool = False) -> list[Rollout]:
     """Run group_size rollouts of every task; returns them in (task, sample) order.
 
     make_env() builds a fresh environment per rollout. Environment calls run in env_workers
-    threads (default: one a row, so that a round's calls all start at once: the round's one
-    deadline, env_timeout_s, is each call's own). With the
-    frozen_summarizer manager, `summarizer` writes the summaries (not trained).
+    threads (default: one a row, so that every call starts when it is made: env_timeout_s
+    is each call's own deadline). Rows advance independently (_Driver); an actor with
+    submit/busy/advance (PolicyActor) decodes in chunks that rows join and leave, another
+    (act(requests) -> generations) answers each boundary's requests at once.
+    rounds=True: the turn-synchronous reference (each round waits for its longest action
+    and its slowest environment call). With the frozen_summarizer manager, `summarizer`
+    writes the summaries (not trained).
     Several processes (peers: rl.multihost.ProcessPeers) call this together with the same
     arguments: each steps the environments of the rows it owns, all make the same sampler
     calls over all rows, and all return the same rollouts.
@@ -545,9 +654,9 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
     d = _Driver(actor, summarizer, make_env, tasks, fmt, cfg, group_size=group_size, rows=rows,
                 env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress,
-                peers=peers or OneProcess())
+                peers=peers or OneProcess(), rounds=rounds)
     try:
-        while d.queue or d.active:
+        while d.running():
             d.step()
     finally:
         d.pool.shutdown()

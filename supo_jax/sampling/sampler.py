@@ -74,10 +74,10 @@ def token_logprobs(logits, tokens, temperature: float = 1.0):
     return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def _sample(rng, logits, sp: SamplingParams):
-    """One token per row from logits [B, V] under temperature / top-k / top-p, and its
-    log-probability under the distribution it was drawn from (after truncation; greedy:
-    log softmax(logits))."""
+def _sample(keys, logits, sp: SamplingParams):
+    """One token per row from logits [B, V] (row b drawn with keys[b]) under temperature /
+    top-k / top-p, and its log-probability under the distribution it was drawn from (after
+    truncation; greedy: log softmax(logits))."""
     logits = logits.astype(jnp.float32)
     if sp.temperature == 0:
         tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -93,7 +93,7 @@ def _sample(rng, logits, sp: SamplingParams):
         cutoff_idx = jnp.sum(cum - jax.nn.softmax(sorted_logits, axis=-1) < sp.top_p, axis=-1) - 1
         cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx[:, None], axis=-1)
         logits = jnp.where(logits < cutoff, -jnp.inf, logits)
-    tok = jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+    tok = jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
     return tok, token_logprobs(logits, tok, 1.0)
 
 
@@ -149,17 +149,17 @@ class DecodeState:
 @partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp", "unroll_layers"),
          donate_argnames=("cache",))
 def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
-           step0=0, layers=None, rows=None, *, steps: int, attend_len: int, sp: SamplingParams,
-           unroll_layers: bool = False):
+           streams, offsets, layers=None, rows=None, *, steps: int, attend_len: int,
+           sp: SamplingParams, unroll_layers: bool = False):
     """Sample up to `steps` tokens for active rows.
 
     active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
+    streams [B, 2] int, offsets [B] int: row b's token number offsets[b] + i of its
+    generation is drawn with fold_in(fold_in(fold_in(rng, streams[b, 0]), streams[b, 1]),
+    offsets[b] + i): a row's tokens depend on its own stream alone, not on which rows it
+    decodes beside or how its generation is cut into calls.
     rows: None, or [n] distinct row indices holding every active row: the model then runs
-    on those n rows alone (the others are neither read nor computed); sampling still draws
-    for all B rows from the same keys, so the tokens do not depend on `rows`.
-    step0: the index of this call's first step within the whole generation: step i
-    samples with fold_in(rng, step0 + i), so a generation cut into several calls draws
-    the same tokens as one call.
+    on those n rows alone (the others are neither read nor computed).
     unroll_layers: each step runs the layers unrolled over per-layer weights and per-layer
     caches of the attended span, both cut once per call (Decoder.layer_weights,
     KVCache.split_layers: faster on CPU, at the cost of a copy of that span of the cache
@@ -175,6 +175,8 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     elif layers is None:
         layers = model.layer_weights()                          # cut once, outside the loop
     rope = model.rope_table(attend_len)                         # once, outside the loop
+    row_keys = jax.vmap(lambda a, c: jax.random.fold_in(jax.random.fold_in(rng, a), c))(
+        streams[:, 0], streams[:, 1])
     full = cache
     if rows is not None:
         cache = cache.take_rows(rows, attend_len)               # the taking part rows' span
@@ -186,7 +188,8 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         return (s.step < steps) & ~jnp.all(s.done)
 
     def body(s: DecodeState) -> DecodeState:
-        tok, lp = _sample(jax.random.fold_in(rng, step0 + s.step), s.logits, sp)
+        tok, lp = _sample(jax.vmap(jax.random.fold_in)(row_keys, offsets + s.counts),
+                          s.logits, sp)
         live = ~s.done
         counts = s.counts + live
         stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
@@ -308,6 +311,10 @@ class Sampler:
         self._layers = None        # (params leaves, their per-layer copy) for the unrolled decode
         self.lengths = np.zeros(batch, np.int64)  # host mirror of cache.lengths
         self.shapes_compiled: set[tuple] = set()
+        # rows started and not yet ended: row -> (its tokens so far, budget left, stop ids,
+        # its random stream)
+        self.generating: dict[int, tuple[Generation, int, list[int], tuple[int, int]]] = {}
+        self.slot_steps = self.live_steps = 0   # decode slot-steps run, and those of live rows
 
     @property
     def cache(self) -> KVCache:
@@ -422,66 +429,100 @@ class Sampler:
         self.lengths[idx] += num
 
     def generate(self, rows: Sequence[int], max_new_tokens, stop_tokens, sampling: SamplingParams,
-                 rng) -> dict[int, Generation]:
+                 rng, streams: dict[int, tuple[int, int]] | None = None
+                 ) -> dict[int, Generation]:
         """Sample continuations for `rows` (each must hold a non-empty context).
 
         max_new_tokens: int or {row: int}; stop_tokens: a set of ids or {row: set}.
         Generation stops at a stop token (included in the output) or the budget.
+        streams: as `start`. (`start`, then `advance` until every row has ended; no other
+        row may be generating.)
         """
+        if self.generating:
+            raise RuntimeError(f"rows {sorted(self.generating)} are generating (start/advance)")
+        self.start(rows, max_new_tokens, stop_tokens, streams)
+        out = {}
+        while self.generating:
+            out.update(self.advance(sampling, rng))
+        return {r: out[r] for r in rows}
+
+    def start(self, rows: Sequence[int], max_new_tokens, stop_tokens,
+              streams: dict[int, tuple[int, int]] | None = None) -> None:
+        """Rows begin generating (each must hold a non-empty context): from the next
+        `advance` on, they decode beside the rows already generating.
+        max_new_tokens: int or {row: int}; stop_tokens: a set of ids or {row: set};
+        streams: {row: (a, b)}, the random stream of each row's tokens (`decode`; default
+        (row, 0)): two rows sampled at once need distinct streams."""
         rows = list(rows)
-        if not rows:
-            return {}
         mx = {r: int(max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens)
               for r in rows}
-        stops = {r: sorted(set(stop_tokens[r] if isinstance(stop_tokens, dict) else stop_tokens))
-                 for r in rows}
         for r in rows:
+            if r in self.generating:
+                raise ValueError(f"row {r} is already generating")
             if self.lengths[r] == 0:
                 raise ValueError(f"row {r} has an empty context: append a prompt first")
             room = self.max_len - self.lengths[r]
             if mx[r] > room:
                 raise ValueError(f"row {r}: {self.lengths[r]} cached + {mx[r]} new tokens "
                                  f"exceed the cache length {self.max_len}")
-        width = max(1, max(len(s) for s in stops.values()))
-        stop_ids = np.full((self.batch, width), -1, np.int32)
         for r in rows:
-            stop_ids[r, :len(stops[r])] = stops[r]
-        out = {r: Generation([], []) for r in rows}
-        left = {r: n for r, n in mx.items() if n > 0}        # rows still generating
+            stops = sorted(set(stop_tokens[r] if isinstance(stop_tokens, dict) else stop_tokens))
+            self.generating[r] = (Generation([], []), mx[r], stops,
+                                  tuple(streams[r]) if streams else (r, 0))
+
+    def advance(self, sampling: SamplingParams, rng) -> dict[int, Generation]:
+        """One decode call over every generating row: up to decode_chunk steps (fewer when
+        the rows need fewer), attending over the span its rows reach by the call's end;
+        {row: Generation} of the rows that ended in it. Each row draws from its stream under
+        `rng` (`decode`), whatever the calls its generation is cut into. Counts slot_steps
+        (batch x the steps the call ran) and live_steps (the tokens it generated): the
+        slots' utilisation."""
+        ended = {r: v[0] for r, v in self.generating.items() if v[1] <= 0}
+        for r in ended:
+            del self.generating[r]
+        if not self.generating:
+            return ended
+        left = {r: v[1] for r, v in self.generating.items()}
+        steps = bucket(max(left.values()), 8)
+        if self.decode_chunk:
+            steps = min(steps, self.decode_chunk)
+        width = max(1, max(len(v[2]) for v in self.generating.values()))
+        stop_ids = np.full((self.batch, width), -1, np.int32)
+        active = np.zeros(self.batch, bool)
+        max_new = np.zeros(self.batch, np.int32)
+        streams = np.zeros((self.batch, 2), np.int32)
+        offsets = np.zeros(self.batch, np.int32)
+        for r, (g, n, st, stream) in self.generating.items():
+            active[r], max_new[r] = True, min(n, steps)
+            stop_ids[r, :len(st)] = st
+            streams[r], offsets[r] = stream, len(g.tokens)
+        attend = self._attend(int(max(self.lengths[r] + max_new[r] for r in left)))
+        sub = self._subset(left)
+        self._note_shape(("decode", len(sub) if sub is not None else self.batch, steps,
+                          attend, sampling))
         graphdef, params = self.policy.split()
         layers = self._layer_weights(graphdef, params)
-        step0 = 0
-        rng = self._key(rng)
-        while left:
-            # one call per chunk of steps, each attending over the span its rows reach by
-            # the chunk's end: a long generation does not attend over its final span
-            # from its first token on
-            steps = bucket(max(left.values()), 8)
-            if self.decode_chunk:
-                steps = min(steps, self.decode_chunk)
-            active = np.zeros(self.batch, bool)
-            max_new = np.zeros(self.batch, np.int32)
-            for r, n in left.items():
-                active[r], max_new[r] = True, min(n, steps)
-            attend = self._attend(int(max(self.lengths[r] + max_new[r] for r in left)))
-            sub = self._subset(left)
-            self._note_shape(("decode", len(sub) if sub is not None else self.batch, steps,
-                              attend, sampling))
-            self.cache, self.last_logits, toks, lps, counts = decode(
-                graphdef, params, self.cache, self.last_logits, rng, self._rows(active),
-                self._rows(max_new), self._rows(stop_ids), np.int32(step0), layers, sub,
-                steps=steps, attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
-            toks, lps, counts = (host_array(x) for x in (toks, lps, counts))
-            self.lengths += counts
-            step0 += steps
-            for r in list(left):
-                n = int(counts[r])
-                out[r].tokens += toks[r, :n].tolist()
-                out[r].logprobs += lps[r, :n].tolist()
-                left[r] -= n
-                if left[r] == 0 or n < max_new[r] or (n and toks[r, n - 1] in stops[r]):
-                    del left[r]
-        return out
+        self.cache, self.last_logits, toks, lps, counts = decode(
+            graphdef, params, self.cache, self.last_logits, self._key(rng), self._rows(active),
+            self._rows(max_new), self._rows(stop_ids), self._rows(streams),
+            self._rows(offsets), layers, sub,
+            steps=steps, attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
+        toks, lps, counts = (host_array(x) for x in (toks, lps, counts))
+        self.lengths += counts
+        self.slot_steps += self.batch * int(counts.max())
+        self.live_steps += int(counts.sum())
+        for r in list(self.generating):
+            g, n_left, st, stream = self.generating[r]
+            n = int(counts[r])
+            g.tokens += toks[r, :n].tolist()
+            g.logprobs += lps[r, :n].tolist()
+            n_left -= n
+            if n_left == 0 or n < max_new[r] or (n and toks[r, n - 1] in st):
+                ended[r] = g
+                del self.generating[r]
+            else:
+                self.generating[r] = (g, n_left, st, stream)
+        return ended
 
     def reset(self, row: int, length: int = 0) -> None:
         """Cut a row back to its first `length` cached tokens (e.g. the initial prompt)."""
