@@ -404,6 +404,10 @@ def validate(cfg: Config) -> Config:
     if cfg.rollout.dynamic_rounds < 0:
         raise ConfigError(f"rollout.dynamic_rounds={cfg.rollout.dynamic_rounds}: must be >= 0 "
                           "(0 = off)")
+    if cfg.loss.behaviour_correction != "none" and not cfg.optim.recompute_old_logprobs:
+        raise ConfigError(f"loss.behaviour_correction={cfg.loss.behaviour_correction}: the "
+                          "proximal policy is the trainer's recomputed log-probabilities; set "
+                          "optim.recompute_old_logprobs=true")
     if cfg.optim.max_kl < 0:
         raise ConfigError(f"optim.max_kl={cfg.optim.max_kl}: must be >= 0 (0 = off)")
     if cfg.optim.schedule not in SCHEDULES:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from supo_jax.agent.context import Segment
-from supo_jax.rl.algo import (leave_one_out_advantages, policy_loss, rollout_group_advantages,
-                              trajectory_group_advantages)
+from supo_jax.rl.algo import (behaviour_weights, leave_one_out_advantages, policy_loss,
+                              rollout_group_advantages, trajectory_group_advantages)
 from supo_jax.rl.batch import build_batch
 from supo_jax.rl.batch import rollout_advantages
 from supo_jax.rl.configs import AdvantageConfig
@@ -39,6 +39,51 @@ def test_policy_loss_and_grad_match_numpy():
     clipped = ((adv[:, None] > 0) & (ratio > 1.28)) | ((adv[:, None] < 0) & (ratio < 0.8))
     np.testing.assert_allclose(m["clip_fraction"], (clipped * mask).sum() / mask.sum(), rtol=1e-6)
     assert 0 < float(m["clip_fraction"]) < 1
+
+
+def test_behaviour_corrections_by_hand():
+    """Tokens sampled by a behaviour policy b, clipped against the proximal policy p:
+    w = p / b per token. tis weighs each token's loss by min(w, C); decoupled by w and leaves
+    out the tokens with w > C; none changes nothing. Checked against the loss written out by
+    hand for one row of four tokens (advantage 1, eps 0.2 / 0.28, C = 2.5)."""
+    prox = np.log([[0.5, 0.2, 0.9, 0.4]])
+    behav = np.log([[0.25, 0.2, 0.3, 0.4]])        # w = 2, 1, 3, 1
+    mask = np.array([[1.0, 1.0, 1.0, 0.0]])        # the last token is not trained
+    w, m, met = behaviour_weights(prox, behav, mask, "tis", 2.5)
+    np.testing.assert_allclose(w, [[2.0, 1.0, 2.5, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(m, mask)
+    assert met["behaviour_over_cap"] == pytest.approx(1 / 3)
+    assert met["behaviour_weight"] == pytest.approx(2.0)      # (2 + 1 + 3) / 3
+    wd, md, _ = behaviour_weights(prox, behav, mask, "decoupled", 2.5)
+    np.testing.assert_allclose(wd, [[2.0, 1.0, 0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(md, [[1.0, 1.0, 0.0, 0.0]])
+    wn, mn, metn = behaviour_weights(prox, behav, mask, "none", 2.5)
+    assert (wn == 1).all() and (mn == mask).all() and metn == {}
+
+    # current policy: ratios p_theta / p = 1.5 (clipped to 1.28), 0.9, 1.1 on the trained tokens
+    logp = prox + np.log([[1.5, 0.9, 1.1, 1.0]])
+    adv = np.ones((1, 4))
+    # l_t = max(-A r, -A clip(r)) = -min(r, clip(r)) for A = 1: -1.28, -0.9, -1.1
+    hand = {"tis": (2.0 * -1.28 + 1.0 * -0.9 + 2.5 * -1.1) / 3,
+            "decoupled": (2.0 * -1.28 + 1.0 * -0.9) / 2,
+            "none": (-1.28 - 0.9 - 1.1) / 3}
+    for corr, want in hand.items():
+        w, m, _ = behaviour_weights(prox, behav, mask, corr, 2.5)
+        loss, _ = policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(prox, jnp.float32),
+                              jnp.asarray(adv * w, jnp.float32), jnp.asarray(m, jnp.float32))
+        assert float(loss) == pytest.approx(want, rel=1e-5), corr
+
+
+def test_behaviour_correction_needs_the_proximal_policy():
+    from supo_jax.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="recompute_old_logprobs=true"):
+        load_config(None, ["loss.behaviour_correction=tis"])
+    with pytest.raises((ConfigError, ValueError), match="none, tis, decoupled"):
+        load_config(None, ["loss.behaviour_correction=is", "optim.recompute_old_logprobs=true"])
+    cfg = load_config(None, ["loss.behaviour_correction=decoupled",
+                             "optim.recompute_old_logprobs=true", "loss.behaviour_cap=3"])
+    assert (cfg.loss.behaviour_correction, cfg.loss.behaviour_cap) == ("decoupled", 3.0)
 
 
 def test_sequence_mean_and_kl_entropy_terms():

@@ -100,6 +100,50 @@ def test_recomputed_logprobs_equal_sampler_logprobs():
     np.testing.assert_allclose(lp * batch.mask, batch.old_logp * batch.mask, atol=1e-4)
 
 
+def test_the_update_corrects_for_the_behaviour_policy_against_the_recomputed_one():
+    """optim.recompute_old_logprobs with loss.behaviour_correction: the update clips against
+    the trainer's recomputed log-probabilities and weighs each token by p_prox / p_behav
+    (tis: truncated at the cap): the same update as ppo_update given the proximal
+    log-probabilities and the hand-weighted advantages; correction none is that update with
+    weight 1."""
+    from supo_jax.config import Config
+    from supo_jax.rl.train_step import recompute_logprobs
+    from supo_jax.rl.trainer import ppo_update
+
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
+    graphdef, params = pol.split()
+    batch = build_batch(_segments(8, seed=2), list(np.linspace(-1, 1, 8)), max_len=32,
+                        rows_multiple=4)
+    prox = np.asarray(recompute_logprobs(graphdef, params, batch, LossConfig()))
+    rs = np.random.RandomState(0)
+    behav = (prox + rs.uniform(-1.5, 0.5, prox.shape)).astype(np.float32)  # some w > 2
+    batch = batch.__class__(**{**vars(batch), "old_logp": behav})
+    optim = Config().optim.__class__(minibatch_rows=4, recompute_old_logprobs=True)
+
+    def update(b, loss_cfg, o=optim):
+        pol_ = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
+        gd, ps = pol_.split()
+        tx = make_optimizer(1e-2)
+        ps, _, upd = ppo_update(pol_, gd, ps, tx.init(ps), b, tx=tx, loss_cfg=loss_cfg,
+                                optim=o, mesh=None, seed=0)
+        return jax.tree.map(np.asarray, ps), upd
+
+    got, upd = update(batch, LossConfig(behaviour_correction="tis", behaviour_cap=2.0))
+    w = np.minimum(np.exp(prox.astype(np.float64) - behav), 2.0) * (batch.mask > 0)
+    trained = batch.mask > 0
+    assert upd["behaviour_weight"] == pytest.approx(np.exp(prox - behav)[trained].mean(), rel=1e-4)
+    assert 0 < upd["behaviour_over_cap"] < 1
+    by_hand = batch.__class__(**{**vars(batch), "old_logp": prox,
+                                 "advantages": (batch.advantages * w).astype(np.float32)})
+    want, _ = update(by_hand, LossConfig(), Config().optim.__class__(minibatch_rows=4))
+    none, _ = update(batch, LossConfig())
+    # Adam turns float rounding in near-zero gradients into visible steps: compare the
+    # distances (a wrong weighting moves the parameters as far as no correction does)
+    dist = lambda x, y: max(float(np.abs(a - b).max())
+                            for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
+    assert dist(got, want) < 0.01 * dist(got, none)
+
+
 def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_one_rate():
     from supo_jax.rl.train_step import learning_rate
     assert learning_rate(0, 1.0) == learning_rate(99, 1.0) == 1.0

@@ -19,6 +19,10 @@ Policy loss (token level, SUPO §4): with r_t = exp(logp_t - logp_old_t),
   Optional: + beta * KL(pi || pi_ref) with the k3 estimator
         k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1,
   and - entropy_coef * H_t. Both off by default.
+Off-policy correction (loss.behaviour_correction; behaviour_weights): tokens sampled by a
+behaviour policy b other than the proximal policy old (recomputed at the step's start),
+w_t = p_old / p_b: "tis" l_t * min(w_t, C); "decoupled" l_t * w_t, tokens with w_t > C
+left out.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _group_stats(values, weights, group_ids, num_groups):
@@ -106,6 +111,32 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low=0.2, eps_high=0.28,
     if entropy is not None:
         metrics["entropy"] = jnp.sum(entropy * mask) / n
     return loss, metrics
+
+
+def behaviour_weights(prox_logp, behav_logp, mask, correction: str, cap: float):
+    """The off-policy correction of tokens sampled by a behaviour policy other than the
+    proximal one the PPO ratio is clipped against (loss.behaviour_correction). All [R, T]
+    host arrays -> (weight [R, T], mask [R, T], metrics). w = p_prox / p_behav:
+    "tis" weighs each token by min(w, cap); "decoupled" by w, leaving out (mask 0) the
+    tokens with w > cap; "none": weight 1. A positive weight on a token scales both
+    clipped-surrogate terms alike, so it multiplies that token's advantage (the KL and
+    entropy terms are not weighed)."""
+    mask = np.asarray(mask, np.float32)
+    if correction == "none":
+        return np.ones_like(mask), mask, {}
+    trained = mask > 0
+    w = np.exp(np.asarray(prox_logp, np.float64) - np.asarray(behav_logp, np.float64))
+    over = (w > cap) & trained
+    if correction == "tis":
+        weight = np.minimum(w, cap)
+    elif correction == "decoupled":
+        weight, mask = w, mask * ~over
+    else:
+        raise ValueError(f"loss.behaviour_correction={correction!r}: none, tis or decoupled")
+    n = max(int(trained.sum()), 1)
+    metrics = {"behaviour_weight": float(w[trained].sum() / n),   # mean p_prox / p_behav
+               "behaviour_over_cap": float(over.sum() / n)}       # share of tokens over cap
+    return (weight * (mask > 0)).astype(np.float32), mask, metrics
 
 
 def aggregation_norm(mask, aggregation):

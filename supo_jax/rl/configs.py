@@ -8,6 +8,7 @@ from supo_jax.agent.context import NO_ANSWER
 from supo_jax.rl.algo import ADVANTAGES
 
 SCHEDULES = ("constant", "warmup_cosine")   # optim.schedule (rl/train_step.learning_rate)
+CORRECTIONS = ("none", "tis", "decoupled")     # loss.behaviour_correction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,14 @@ class LossConfig:
     temperature: float = 1.0     # the sampler's temperature (the trainer sets it from rollout.temperature)
     logit_chunk: int = 8192      # tokens per LM-head chunk (Decoder.score: no [B, T, V] tensor;
                                  # larger chunks run faster on a GPU, see BENCHMARKS.md)
+    # the tokens' behaviour policy (the sampler's log-probabilities) vs the proximal policy the
+    # ratio is clipped against (optim.recompute_old_logprobs: the trainer's forward at the
+    # step's start): "none" (the ratio against the proximal policy alone), "tis" (each
+    # token's loss weighed by min(p_prox / p_behav, behaviour_cap): truncated importance
+    # sampling, as verl and slime), "decoupled" (weighed by p_prox / p_behav, tokens over
+    # behaviour_cap left out: AReaL's decoupled PPO)
+    behaviour_correction: str = "none"
+    behaviour_cap: float = 2.0
 
     def __post_init__(self):
         if self.objective not in ("ppo", "sft"):
@@ -29,6 +38,11 @@ class LossConfig:
             raise ValueError(f"loss.aggregation={self.aggregation!r}: token-mean or sequence-mean")
         if self.logit_chunk < 1:
             raise ValueError(f"loss.logit_chunk={self.logit_chunk}: must be >= 1")
+        if self.behaviour_correction not in CORRECTIONS:
+            raise ValueError(f"loss.behaviour_correction={self.behaviour_correction!r}: one of "
+                             f"{', '.join(CORRECTIONS)}")
+        if not self.behaviour_cap >= 1.0:
+            raise ValueError(f"loss.behaviour_cap={self.behaviour_cap}: must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

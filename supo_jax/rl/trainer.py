@@ -41,6 +41,7 @@ from supo_jax.config import Config, ConfigError, OptimSection, to_dict
 from supo_jax.model.policy import Policy
 from supo_jax.model.sharding import mesh_scope, put, replicated
 from supo_jax.model.weights import host_array
+from supo_jax.rl.algo import behaviour_weights
 from supo_jax.rl.batch import (Advantages, TrainBatch, build_batch, permute_rewards,
                                rollout_advantages)
 from supo_jax.rl.configs import LossConfig
@@ -554,7 +555,8 @@ def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
                ) -> tuple[nnx.State, optax.OptState, dict]:
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
-    optim.recompute_old_logprobs), all at learning rate `lr` (None: the optimizer's own). The
+    optim.recompute_old_logprobs, the sampler's then corrected for as
+    loss.behaviour_correction says), all at learning rate `lr` (None: the optimizer's own). The
     policy follows the new parameters. Returns (params, opt_state, metrics: token-weighted
     means over the updates, updates, rows)."""
     with mesh_scope(mesh):
@@ -566,9 +568,15 @@ def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
 def _ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh, seed,
                 ref_params, lr):
     o = optim
+    correction = {}
     if o.recompute_old_logprobs:
-        batch = dataclasses.replace(batch, old_logp=host_array(recompute_logprobs(
-            graphdef, params, place_batch(batch, mesh), loss_cfg)))
+        prox = host_array(recompute_logprobs(graphdef, params, place_batch(batch, mesh),
+                                             loss_cfg))
+        weight, mask, correction = behaviour_weights(
+            prox, batch.old_logp, batch.mask, loss_cfg.behaviour_correction,
+            loss_cfg.behaviour_cap)
+        batch = dataclasses.replace(batch, old_logp=prox, mask=mask,
+                                    advantages=batch.advantages * weight)
     rng = np.random.default_rng(seed)
     lr = None if lr is None else np.float32(lr)
     max_kl = np.float32(o.max_kl) if o.max_kl > 0 else None
@@ -596,7 +604,8 @@ def _ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opt
            if k in ms[0]}
     if max_kl is not None:
         upd["kl_stopped"] = float(stopped)
-    return params, opt_state, {**upd, "updates": len(ms) - stopped, "rows": int(batch.rows)}
+    return params, opt_state, {**upd, **correction, "updates": len(ms) - stopped,
+                               "rows": int(batch.rows)}
 
 
 def init_opt_state(tx: optax.GradientTransformation, params: nnx.State,
