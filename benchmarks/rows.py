@@ -20,8 +20,11 @@ rollouts per sampler row (--ratios) x tool latency (0 and --latency), one run_ro
 - identical rollouts: the independent rows' tokens equal the rounds' (each rollout draws
   from its own random stream, so who decodes beside whom does not change them; float
   rounding of another batch could flip a near-tie).
-The first call of each shape compiles: one untimed run of each variant (tools at once) on
-each task set first.
+The first call of each shape compiles, and independent rows reach more shapes (prefill and
+decode calls over varying sets of rows, in an order that changes from run to run): a run's
+wall time excludes the seconds jax reports tracing and compiling (jax.monitoring, reported
+apart); each pair of runs (rounds, independent) is repeated --repeats times after WARM
+untimed pairs; figures are medians over the repeats.
 
     python benchmarks/rows.py            # writes benchmarks/results/rows.json
 """
@@ -31,6 +34,18 @@ import dataclasses
 import time
 
 import common
+
+WARM = 1
+COMPILE_S = [0.0]    # seconds spent tracing, lowering and compiling (jax.monitoring)
+
+
+def _count_compiles() -> None:
+    import jax
+
+    def add(event, seconds, **_):
+        if event.startswith("/jax/core/compile/"):
+            COMPILE_S[0] += seconds
+    jax.monitoring.register_event_duration_secs_listener(add)
 
 
 def _tail_env(latency: float, max_turns: int):
@@ -80,6 +95,7 @@ def main(argv=None):
         args.hidden, args.layers, args.rows, args.ratios = 32, 1, 2, "1"
         args.latency, args.max_turns = 0.05, 4
     ratios = [int(x) for x in args.ratios.split(",")]
+    repeats = args.repeats or (1 if args.smoke else 2)
     run = common.Run("rows", args, argv)
 
     from supo_jax.agent.context import ContextConfig
@@ -87,6 +103,7 @@ def main(argv=None):
     from supo_jax.agent.rollout import PolicyActor, run_rollouts
     from supo_jax.sampling.sampler import SamplingParams
 
+    _count_compiles()
     policy, _ = common.tiny_policy(args.hidden, args.layers, smoke=args.smoke)
     fmt = ChatFormat(policy.tokenizer)
     W = 512 + args.max_turns * (args.action_tokens + 64)
@@ -101,49 +118,97 @@ def main(argv=None):
         actor = PolicyActor(policy, fmt, rows=args.rows, max_len=ctx.row_bound(fmt),
                             sampling=SamplingParams(1.0), seed=0)
         actor.sampler.decode_chunk = args.decode_chunk
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), COMPILE_S[0]
         ro = run_rollouts(actor, _tail_env(latency, args.max_turns), tasks, fmt, ctx,
                           rows=args.rows, rounds=rounds)
-        dt = time.perf_counter() - t0
+        compiling = COMPILE_S[0] - c0
+        dt = time.perf_counter() - t0 - compiling
         s = actor.sampler
         return {"s": dt, "trained_tokens": sum(r.counters["generated_tokens"] for r in ro
                                                if r.answered),
                 "utilisation": s.live_steps / max(1, s.slot_steps),
-                "reasons": sorted({r.reason for r in ro}),
+                "reasons": sorted({r.reason for r in ro}), "shapes": len(s.shapes_compiled),
+                "compile_s": compiling,
                 "tokens": [[seg.tokens for seg in r.segments] for r in ro]}
 
     table = []
     for ratio in ratios:
         tasks = tail_tasks(ratio * args.rows, args.max_turns, seed=ratio)
-        for rounds in (True, False):     # compiles the shapes these tasks reach
-            once(rounds, tasks, 0.0)
         turns = [t["turns"] for t in tasks]
         for latency in (0.0, args.latency):
-            got = {rounds: once(rounds, tasks, latency) for rounds in (True, False)}
-            a, b = got[True], got[False]
+            runs = {True: [], False: []}
+            for _ in range(WARM + repeats):   # the first pairs compile the shapes they reach
+                for rounds in (True, False):
+                    runs[rounds].append(once(rounds, tasks, latency))
             row = {"rollouts_per_row": ratio, "rollouts": len(tasks), "latency_s": latency,
                    "turns": {"mean": sum(turns) / len(turns), "max": max(turns)},
-                   "identical_rollouts": a["tokens"] == b["tokens"]}
-            for name, r in (("rounds", a), ("independent", b)):
-                row[name] = {"wall_s": r["s"], "utilisation": r["utilisation"],
-                             "trained_tokens_per_s": r["trained_tokens"] / r["s"],
-                             "trained_tokens": r["trained_tokens"], "reasons": r["reasons"]}
-            row["speedup"] = (row["independent"]["trained_tokens_per_s"]
-                              / row["rounds"]["trained_tokens_per_s"])
+                   "identical_rollouts": all(r["tokens"] == runs[True][0]["tokens"]
+                                             for r in runs[True] + runs[False])}
+            for name, rs in (("rounds", runs[True][WARM:]), ("independent", runs[False][WARM:])):
+                row[name] = {"wall_s": common.stats(r["s"] for r in rs),
+                             "utilisation": common.stats(r["utilisation"] for r in rs),
+                             "trained_tokens_per_s": common.stats(
+                                 r["trained_tokens"] / r["s"] for r in rs),
+                             "trained_tokens": rs[-1]["trained_tokens"],
+                             "sampler_shapes": rs[-1]["shapes"],
+                             "compile_s": common.stats(r["compile_s"] for r in rs),
+                             "reasons": rs[-1]["reasons"]}
+            row["speedup"] = common.stats(
+                (b["trained_tokens"] / b["s"]) / (a["trained_tokens"] / a["s"])
+                for a, b in zip(runs[True][WARM:], runs[False][WARM:]))
             table.append(row)
+            med = lambda name, k: row[name][k]["median"]
             print(f"{ratio} rollouts a row, tools 0-{latency:g} s: rounds "
-                  f"{row['rounds']['utilisation']:.0%} of slot-steps live, "
-                  f"{row['rounds']['trained_tokens_per_s']:.0f} trained tok/s; independent "
-                  f"{row['independent']['utilisation']:.0%}, "
-                  f"{row['independent']['trained_tokens_per_s']:.0f} tok/s: "
-                  f"{row['speedup']:.2f}x; identical rollouts: {row['identical_rollouts']}",
-                  flush=True)
+                  f"{med('rounds', 'utilisation'):.0%} of slot-steps live, "
+                  f"{med('rounds', 'trained_tokens_per_s'):.0f} trained tok/s; independent "
+                  f"{med('independent', 'utilisation'):.0%}, "
+                  f"{med('independent', 'trained_tokens_per_s'):.0f} tok/s: "
+                  f"{row['speedup']['median']:.2f}x; identical rollouts: "
+                  f"{row['identical_rollouts']}", flush=True)
     config = {"rows": args.rows, "decode_chunk": args.decode_chunk,
               "action_tokens": args.action_tokens, "max_turns": args.max_turns,
               "latency_s": args.latency, "working_context": W, "sampling": "temperature 1",
+              "repeats": repeats,
               "model": {"params": mc.num_params, "hidden": mc.hidden_size,
                         "layers": mc.num_layers, "dtype": "float32"}}
-    run.write({"table": table}, config=config)
+    slow = [r for r in table if r["latency_s"] > 0]
+    targets = [{"what": f"trained tokens/s, independent rows vs rounds, {r['rollouts_per_row']} "
+                        f"rollouts a row, tools 0-{r['latency_s']:g} s",
+                "target": "> 1x", "measured": f"{r['speedup']['median']:.2f}x",
+                "met": r["speedup"]["median"] > 1.0} for r in slow]
+    run.write({"table": table, "targets": targets}, config=config)
+
+
+def markdown(res: dict) -> str:
+    c, r = res["config"], res["results"]
+    m = c["model"]
+    lines = [f"""Policy: random tiny qwen2 ({m['params'] / 1e6:.2f}M parameters, hidden {m['hidden']},
+{m['layers']} layers), float32, temperature 1, {c['rows']} sampler rows, decode calls of
+{c['decode_chunk']} steps, actions of at most {c['action_tokens']} tokens. Env `tail` (defined in
+the script): k tool steps a task, k = 1 + a Pareto(1) draw capped at {c['max_turns']}; each step
+sleeps a random 0..latency s. rounds: the turn-synchronous schedule (`run_rollouts(...,
+rounds=True)`); independent: the default. Utilisation: live decode slot-steps / all decode
+slot-steps (rounds decode nothing while their tools run, so this flatters them; trained
+tokens/s of wall is the measure, the wall without the seconds spent compiling: independent
+rows reach more shapes, which a long run compiles once). Median (min-max) of
+{c['repeats']} runs after an untimed one.
+
+| rollouts a row | tools (s) | turns mean / max | rounds: utilisation, trained tok/s | independent: utilisation, trained tok/s | speedup | compiling s, rounds / independent | identical rollouts |
+|---|---|---|---|---|---|---|---|"""]
+    for x in r["table"]:
+        a, b, sp = x["rounds"], x["independent"], x["speedup"]
+        lines.append(
+            f"| {x['rollouts_per_row']} | 0-{x['latency_s']:g} | {x['turns']['mean']:.1f} / "
+            f"{x['turns']['max']} | {a['utilisation']['median']:.0%}, "
+            f"{a['trained_tokens_per_s']['median']:,.0f} | {b['utilisation']['median']:.0%}, "
+            f"{b['trained_tokens_per_s']['median']:,.0f} | {sp['median']:.2f}x "
+            f"({sp['min']:.2f}-{sp['max']:.2f}) | {a['compile_s']['median']:.1f} / "
+            f"{b['compile_s']['median']:.1f} | {'yes' if x['identical_rollouts'] else 'no'} |")
+    lines.append("")
+    lines.append("With tools that answer at once, independent rows make more and smaller prefill "
+                 "and decode calls (rows rejoin at different boundaries) and reach more "
+                 "compiled shapes; with slow tools no round waits for its slowest one.")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ takes ~7 minutes; with --skip-sampler its section keeps its figures (from
 results/sampler.json, or, before that file exists, the section already in BENCHMARKS.md).
 
     python benchmarks/run_all.py                   # everything (~20 min on 2 cores)
-    python benchmarks/run_all.py --skip-sampler    # rollout, horizon, train_step (~10 min)
+    python benchmarks/run_all.py --skip-sampler    # the others (~20 min)
     python benchmarks/run_all.py --only horizon    # one benchmark, then reassemble
     python benchmarks/run_all.py --assemble        # no runs: BENCHMARKS.md from the JSONs
     python benchmarks/run_all.py --only gpu        # the accelerator benchmark (never run by
@@ -32,6 +32,8 @@ import common
 BENCHMARKS = (
     ("sampler", "Sampler decode throughput (supo_jax vs transformers vs google-tunix)", ["--write"]),
     ("rollout", "Multi-turn rollout: KV cache kept across turns vs re-prefilled", []),
+    ("rows", "Rows that advance independently vs turn-synchronous rounds (long tail, slow tools)",
+     []),
     ("horizon", "Horizon scaling: supo at a fixed W vs full", []),
     ("train_step", "Train step: ~100M model, FLOP/s vs the matmul peak, 8 devices vs 1", []),
     ("train_memory", "Train-step memory vs row length (compiled, 8K to 64K tokens)", []),

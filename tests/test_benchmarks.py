@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.xdist_group("test_benchmarks"), pytest.mark.long]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
-NAMES = ("rollout", "horizon", "train_step", "train_memory", "lora")
+NAMES = ("rollout", "rows", "horizon", "train_step", "train_memory", "lora")
 
 
 def _stats(d):
@@ -55,6 +55,17 @@ def test_common_fields(results, name):
     assert 0.0 <= res["machine"]["steal"] <= 1.0      # /proc/stat exists on Linux
     for t in res["results"]["targets"]:
         assert set(t) == {"what", "target", "measured", "met"}
+
+
+def test_rows_fields(results):
+    r = results[1]["rows"]["results"]
+    assert {x["latency_s"] > 0 for x in r["table"]} == {False, True}
+    for x in r["table"]:
+        for v in ("rounds", "independent"):
+            _stats(x[v]["trained_tokens_per_s"])
+            assert 0 < x[v]["utilisation"]["median"] <= 1 and x[v]["trained_tokens"] > 0
+        _stats(x["speedup"])
+        assert x["identical_rollouts"] is True   # each rollout samples its own stream
 
 
 def test_rollout_fields(results):

@@ -363,6 +363,9 @@ class OneProcess:
         return mine
 
 
+GRACE = 0.05   # of a decode call's time, waited for the tool calls made at its end
+
+
 class _Driver:
     """The state of one run_rollouts call. Rows advance independently: at each boundary (one
     decode call of the actor), the rows whose reset or environment step came back join the
@@ -625,10 +628,16 @@ class _Driver:
         if self.rounds and self.starting:
             self.apply(self.peers.merge(self.collect(wait=True)))
         self.submit_ready()
+        t0, made = time.perf_counter(), len(self.calls)
         self.advance()
-        # nothing decoding (the same on every process): wait for an environment call of mine
-        self.apply(self.peers.merge(self.collect(
-            wait=not (self.actor.busy() or self.summarizer.busy()))))
+        busy = self.actor.busy() or self.summarizer.busy()   # the same on every process
+        if busy and len(self.calls) > made:
+            # calls made at this boundary that answer at once (local tools) rejoin at the
+            # next one: a grace of GRACE x this decode call's time, so it costs at most that
+            fresh = [f for _, f, _ in list(self.calls.values())[made:]]
+            cf.wait(fresh, timeout=GRACE * (time.perf_counter() - t0))
+        # nothing decoding: wait for an environment call of mine
+        self.apply(self.peers.merge(self.collect(wait=not busy)))
 
 
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
