@@ -75,13 +75,13 @@ def main(argv=None):
     def once(reuse):
         actor = PolicyActor(policy, fmt, rows=args.tasks, max_len=max_len,
                             sampling=SamplingParams(temperature=0.0), reuse_cache=reuse)
-        spent = _time_calls(actor.sampler, ("append", "generate"))
+        spent = _time_calls(actor.sampler, ("append", "advance"))
         t0 = time.perf_counter()
         ro = run_rollouts(actor, lambda: make_env(ENV), tasks, fmt, ctx, rows=args.tasks)
         dt = time.perf_counter() - t0
         gen = sum(r.counters["generated_tokens"] for r in ro)
-        return {"s": dt, "generated": gen, "prefilled": actor.prefilled, "calls": actor.calls,
-                "rollouts": ro, "prefill_s": spent["append"], "decode_s": spent["generate"]}
+        return {"s": dt, "generated": gen, "prefilled": actor.prefilled, "calls": spent["advance_calls"],
+                "rollouts": ro, "prefill_s": spent["append"], "decode_s": spent["advance"]}
 
     names = {True: "kept", False: "reprefill"}
     first = {names[k]: once(k) for k in (True, False)}
@@ -115,7 +115,7 @@ def main(argv=None):
             "tokens_per_s": common.stats(r["generated"] / r["s"] for r in rs),
             "generated_tokens": last["generated"], "prefilled_tokens": last["prefilled"],
             "prefill_per_generated": last["prefilled"] / max(1, last["generated"]),
-            "actor_calls": last["calls"],
+            "decode_calls": last["calls"],
             # where a run's time goes: sampler prefill calls, decode calls, the rest (host
             # loop, context manager, environment steps, tokenization)
             "time_split": {k: sum(r[k] for r in rs) / sum(r["s"] for r in rs)
@@ -169,11 +169,12 @@ PURE_PROMPT, PURE_NEW = 256, 128
 
 
 def _time_calls(obj, names) -> dict:
-    """Wrap obj's methods `names` to add up their wall time (seconds) in the returned dict;
-    the device is synchronised at each call's end by the results the sampler reads back."""
+    """Wrap obj's methods `names` to add up their wall time (seconds) and count their calls
+    (NAME_calls) in the returned dict; the device is synchronised at each call's end by the
+    results the sampler reads back."""
     import jax
 
-    spent = dict.fromkeys(names, 0.0)
+    spent = {**dict.fromkeys(names, 0.0), **{f"{n}_calls": 0 for n in names}}
     for name in names:
         fn = getattr(obj, name)
 
@@ -182,6 +183,7 @@ def _time_calls(obj, names) -> dict:
             out = _fn(*a, **kw)
             jax.block_until_ready(obj.cache)
             spent[_name] += time.perf_counter() - t0
+            spent[f"{_name}_calls"] += 1
             return out
         setattr(obj, name, timed)
     return spent

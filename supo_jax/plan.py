@@ -324,12 +324,14 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
 
     from supo_jax.model.decoder import KVCache
     from supo_jax.model.sharding import spec_for
-    from supo_jax.sampling.sampler import PREFILL_CHUNK, SamplingParams, bucket, decode, prefill
+    from supo_jax.sampling.sampler import (PREFILL_CHUNK, SamplingParams, bucket, cache_length,
+                                           decode, prefill)
 
     r, ctx = cfg.rollout, cfg.context
     cdt = _compute_dtype(cfg.model)
-    W, B = row_bound(cfg), rows
-    # the sampler's cache of W slots (the row bound) in the compute dtype, sharded as Sampler shards it
+    W, B = cache_length(row_bound(cfg)), rows
+    # the sampler's cache of W slots (the row bound, rounded up as Sampler rounds it) in the
+    # compute dtype, sharded as Sampler shards it
     cache_shape = (mc.num_layers, B, mc.num_kv_heads, W, mc.head_dim)
     kv_sh = NamedSharding(mesh, spec_for(("layers", "batch", "kv_heads", "cache_len", "head_dim"),
                                          cache_shape, mesh))

@@ -91,6 +91,7 @@ def test_decode_flops_loops_and_serving_collectives(tmp_path):
     assert rep["serving"]["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
     s, d = rep["shapes"], rep["programs"]["decode"]
     steps, W, B = s["decode_steps"], s["cache_len"], s["sampler_rows"]
+    assert W % 128 == 0            # the sampler's cache length, rounded up to the TPU's tile
     loops = sorted((lp["trip_count"], lp["multiplicity"]) for lp in d["loops"])
     assert (steps, 1) in loops and (mc.num_layers, steps) in loops
     hand = B * steps * (2 * (mc.num_params - mc.vocab_size * mc.hidden_size)

@@ -30,14 +30,15 @@ def _fits(p):
 
 
 def test_sampler_prefill_and_decode_compile_and_fit():
-    """The CPU recipe's prefill (W = 446 tokens into W slots) and one decode chunk (64 steps)
-    at its 32 sampler rows, tiny model sharded over the 4 chips of a v5e slice."""
+    """The CPU recipe's prefill (W = 446 tokens into 512 slots: the sampler rounds its cache up
+    to a multiple of 128) and one decode chunk (64 steps) at its 32 sampler rows, tiny model
+    sharded over the 4 chips of a v5e slice."""
     from supo_jax.plan import plan
 
     rep = plan(_recipe(), TOPOLOGY, model_config=TINY, programs=("prefill", "decode"))
     assert rep["chips"] == 4 and rep["mesh"]["fsdp"] == 4
     assert set(rep["programs"]) == {"prefill", "decode"}
-    assert rep["shapes"]["sampler_rows"] == 32 and rep["shapes"]["cache_len"] == 446
+    assert rep["shapes"]["sampler_rows"] == 32 and rep["shapes"]["cache_len"] == 512
     for p in rep["programs"].values():
         _fits(p)
     assert rep["programs"]["prefill"]["bytes_per_chip"]["alias"] > 0   # the donated cache

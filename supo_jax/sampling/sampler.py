@@ -246,6 +246,17 @@ def span_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
     return min(b, maximum) if maximum is not None else b
 
 
+# the cache's slots are a multiple of this (TPU tiles: a cache length that is not one makes
+# XLA pad or copy the cache in the decode loop); rows still end at max_len
+CACHE_MULTIPLE = 128
+
+
+def cache_length(max_len: int) -> int:
+    """The KV-cache slots a Sampler of `max_len` allocates: max_len rounded up to
+    CACHE_MULTIPLE."""
+    return -(-max_len // CACHE_MULTIPLE) * CACHE_MULTIPLE
+
+
 # the most tokens a row prefills in one call: longer appends (a 64K-token context) run as
 # several calls, so that a prefill's temporaries grow with this, not with the context
 PREFILL_CHUNK = 4096
@@ -284,6 +295,7 @@ class Sampler:
         self.row_subsets = row_subsets
         self.policy = policy
         self.batch, self.max_len = batch, max_len
+        slots = cache_length(max_len)
         self.min_prefill, self.min_attend = min_prefill, min_attend
         # decode's layers: unrolled over per-layer weights on CPU and GPU (Decoder.layer_weights:
         # the layer scan copies each layer's slice of the weights and cache at every step; see
@@ -294,15 +306,15 @@ class Sampler:
         dt = cache_dtype or policy.model.dtype
         mesh = self.mesh = policy.mesh
         if mesh is None:
-            cache = KVCache.zeros(cfg, batch, max_len, dt)
+            cache = KVCache.zeros(cfg, batch, slots, dt)
             self.last_logits = jnp.zeros((batch, cfg.vocab_size), jnp.float32)
         else:
             # made where it lives (a cache spanning processes is never on one host): rows
             # over the mesh's batch axes, kv heads over its tensor axis
-            shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+            shape = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.head_dim)
             kv_sh = NamedSharding(mesh, spec_for(
                 ("layers", "batch", "kv_heads", "cache_len", "head_dim"), shape, mesh))
-            cache = jax.jit(partial(KVCache.zeros, cfg, batch, max_len, dt), out_shardings=KVCache(
+            cache = jax.jit(partial(KVCache.zeros, cfg, batch, slots, dt), out_shardings=KVCache(
                 kv_sh, kv_sh, batch_sharding(mesh, (batch,))))()
             self.last_logits = jax.jit(
                 partial(jnp.zeros, (batch, cfg.vocab_size), jnp.float32),
@@ -364,7 +376,7 @@ class Sampler:
                                             replicated(self.mesh)))
 
     def _attend(self, need: int) -> int:
-        return span_bucket(need, self.min_attend, self.max_len)
+        return span_bucket(need, self.min_attend, self._cache.max_len)
 
     def append(self, new_tokens: dict[int, Sequence[int]]) -> None:
         """Prefill new tokens at the end of the given rows (incremental: earlier tokens are kept)."""
@@ -402,7 +414,7 @@ class Sampler:
         in a freed row while the others wait), only they are computed (`prefill_rows`,
         their count bucketed to a power of two; unsharded caches)."""
         longest = max(len(t) for t in new_tokens.values())
-        t = bucket(longest, self.min_prefill, self.max_len)
+        t = bucket(longest, self.min_prefill, self._cache.max_len)
         sub = self._subset(new_tokens)
         rows = list(range(self.batch)) if sub is None else sub.tolist()
         arr = np.zeros((len(rows), t), np.int32)
