@@ -254,10 +254,10 @@ class _Hang(Environment):
         return StepResult("pong")
 
 
-def test_hung_calls_cost_a_round_one_timeout_and_never_exhaust_the_pool(fmt):
+def test_hung_calls_cost_one_timeout_each_and_never_exhaust_the_pool(fmt):
     """20 rollouts whose tool never answers, with 4 healthy ones, on 4 rows (a worker each):
-    each round waits one timeout at most (one deadline for all its calls, however
-    many hang), and the workers stuck in hung calls are replaced, so later resets and steps
+    a hung call costs its row one timeout (each call its own deadline; the rows go on
+    meanwhile), and the workers stuck in hung calls are replaced, so later resets and steps
     still run (the healthy rollouts end at max_steps, the hung ones as timeouts of a step)."""
     import threading
 
