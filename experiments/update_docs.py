@@ -31,7 +31,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join("experiments", "results", "cpu_reproduce")
-QUICKSTART = os.path.join("experiments", "results", "default_2026-11-27", "quickstart",
+QUICKSTART = os.path.join("experiments", "results", "quickstart_2026-11-28",
                           "default_metrics.jsonl")
 QUICK_ROWS = ("success_rate", "summaries_mean", "tool_calls_mean", "effective_context_mean",
               "overlong_rate", "summary_state_share")
