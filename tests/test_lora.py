@@ -119,9 +119,9 @@ def test_decode_merges_adapters_into_its_layer_copy(base, base_dtype):
         sampler = Sampler(policy, 2, 64, unroll_layers=True, merge_adapters=merge)
         sampler.append(prompts)
         out.append(sampler.generate([0, 1], 12, set(), SamplingParams(1.0), jax.random.key(0)))
-    for r in (0, 1):
+    for r in (0, 1):   # the merged copy and the product round differently in float32
         assert out[0][r].tokens == out[1][r].tokens
-        np.testing.assert_allclose(out[0][r].logprobs, out[1][r].logprobs, atol=1e-5)
+        np.testing.assert_allclose(out[0][r].logprobs, out[1][r].logprobs, rtol=1e-5, atol=1e-5)
 
 
 def _sample_and_score(policy, prompts, seed):
