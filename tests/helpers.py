@@ -1,4 +1,6 @@
 """Tiny random transformers models saved to disk: the reference for parity tests."""
+import math
+
 import numpy as np
 import torch
 import transformers
@@ -74,3 +76,20 @@ def flat_params(pure: dict) -> dict:
         else:
             out[k] = np.asarray(v)
     return out
+
+
+def same_run(a, b):
+    """Two runs' metrics rows agree: the same steps, keys, counts and rates; float figures to
+    rounding. Rows advance independently (rollout driver), so the batch in which a token's
+    logprob is computed depends on when the tools return: the tokens do not (each rollout
+    draws from its own stream), the last bits of its logprobs do (approx_kl ~1e-14 on the
+    first update came out 4.83e-14 in one run and 4.88e-14 in another)."""
+    assert len(a) == len(b), (len(a), len(b))
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys(), (x, y)
+        for k in x:
+            u, v = x[k], y[k]
+            if isinstance(u, float) and isinstance(v, float):
+                assert math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-9), (x.get("step"), k, u, v)
+            else:
+                assert u == v, (x.get("step"), k, u, v)
