@@ -84,6 +84,18 @@ class RolloutSection:
     # over its chips and its share of the rows; 0 = the largest group dividing the devices,
     # the heads and the kv heads (the fewest weight bytes read a chip a token)
     tensor: int = 0
+    # partial rollouts (0 = off: every rollout of a step ends in it): a step's rollout phase
+    # ends once its generations hold this many tokens; the rollouts not ended are suspended
+    # at their last complete turn and go on first in the next step, under the new weights;
+    # a group trains in the step in which its last rollout ends (docs/SUPO.md)
+    budget_tokens: int = 0
+    # a suspended rollout whose first tokens are more than this many updates old when it
+    # would resume is restarted from its task instead (counted: rollouts_restarted)
+    max_staleness: int = 4
+    # each environment call's outcome joins at the decode-call boundary after the one it was
+    # made at (the driver waits for it there): the rows' schedule depends on the tokens alone,
+    # so a run (and a resumed one) repeats to the bit; slow tools are waited for
+    reproducible: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +187,7 @@ PAPER_SUPO = {
     "rollout.group_size": 8,
     "rollout.temperature": 1.0,
     "rollout.dynamic_rounds": 0,                    # every group of a step trains
+    "rollout.budget_tokens": 0,                     # every rollout ends in its step
     "advantage.estimator": "rollout_group",
     "advantage.normalize_std": True,
     "advantage.negative_weight": 1.0,
@@ -404,6 +417,14 @@ def validate(cfg: Config) -> Config:
     if cfg.rollout.dynamic_rounds < 0:
         raise ConfigError(f"rollout.dynamic_rounds={cfg.rollout.dynamic_rounds}: must be >= 0 "
                           "(0 = off)")
+    if cfg.rollout.budget_tokens < 0 or cfg.rollout.max_staleness < 0:
+        raise ConfigError(f"rollout.budget_tokens={cfg.rollout.budget_tokens} / "
+                          f"rollout.max_staleness={cfg.rollout.max_staleness}: must be >= 0 "
+                          "(budget_tokens 0 = off)")
+    if cfg.rollout.budget_tokens and cfg.rollout.dynamic_rounds:
+        raise ConfigError("rollout.budget_tokens and rollout.dynamic_rounds: partial rollouts "
+                          "carry groups across steps and dynamic sampling redraws a step's "
+                          "groups; set one of them to 0")
     if cfg.loss.behaviour_correction != "none" and not cfg.optim.recompute_old_logprobs:
         raise ConfigError(f"loss.behaviour_correction={cfg.loss.behaviour_correction}: the "
                           "proximal policy is the trainer's recomputed log-probabilities; set "

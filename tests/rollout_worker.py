@@ -1,7 +1,8 @@
 """One process of a rollout run for tests/test_multihost.py: the tiny_test policy on the run's
 mesh (every device of every process: SUPO_JAX_COORDINATOR etc. start several processes),
 trainer.rollout_batch over a fixed set of tasks, each rollout written as JSON to
-OUT/rollouts_<process index>.json, with what this process saw: the meshes, which rollouts
+OUT/rollouts_<process index>.json (and the same rollouts cut at a token budget and resumed,
+phase after phase), with what this process saw: the meshes, which rollouts
 it reset (env.name=recorded/pages), where the policy's parameters live, and how many
 programs a hundred exchanges of random sizes between the processes compiled.
 
@@ -37,6 +38,20 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
                        **cfg.env.knobs)
     worker_envs.RESETS.clear()      # (building the tokenizer resets environments too)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=7)
+    resets = list(worker_envs.RESETS)
+    # the same rollouts under a token budget, a phase at a time (each a new sampler, the
+    # same weights and key): the suspended between phases, and the rollouts in the end
+    from supo_jax.agent.rollout import Suspended
+    from supo_jax.rl.trainer import policy_rollouts
+
+    G = cfg.rollout.group_size
+    items = [Suspended(t, gi, s) for gi, t in enumerate(tasks) for s in range(G)]
+    phases, ended = [], {}
+    while items and len(phases) < 30:
+        done, items, _ = policy_rollouts(policy, fmt, cfg, items, seed=7, group_size=G,
+                                         budget_tokens=300, version=len(phases))
+        ended.update(done)
+        phases.append([x.to_json() for x in items])
     leaf = jax.tree.leaves(policy.split()[1])[0]
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -52,7 +67,9 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
                    "serving_mesh": dict(m.shape) if (m := serving_policy(
                        cfg, policy).mesh) else None,
                    "processes": jax.process_count(), "devices": jax.device_count(),
-                   "resets": worker_envs.RESETS,
+                   "resets": resets,
+                   "phases": phases,
+                   "budget_rollouts": [ended[k].to_json() for k in sorted(ended)],
                    "param_devices": len(leaf.sharding.device_set),
                    "param_processes": len({d.process_index for d in leaf.sharding.device_set}),
                    "exchange_compiles": len(compiles),

@@ -42,12 +42,20 @@ def test_overrides_are_typed():
                                       ("context.manager=xx", "context.manager"),
                                       ("optim.lr=fast", "optim.lr"),
                                       ("rollout.dynamic_rounds=-1", "rollout.dynamic_rounds"),
+                                      ("rollout.budget_tokens=-5", "rollout.budget_tokens"),
+                                      ("rollout.max_staleness=-1", "rollout.max_staleness"),
                                       ("context=3", "context"),
                                       ("context=fulll", "context"),
                                       ("nonsense", "nonsense")])
 def test_bad_overrides_name_the_key(bad, name):
     with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
         apply_overrides(Config(), [bad])
+
+
+def test_partial_rollouts_and_dynamic_sampling_are_one_or_the_other():
+    with pytest.raises(ConfigError, match="rollout.budget_tokens and rollout.dynamic_rounds"):
+        apply_overrides(Config(), ["rollout.budget_tokens=1000", "rollout.dynamic_rounds=2"])
+    assert apply_overrides(Config(), ["rollout.budget_tokens=1000"]).rollout.budget_tokens == 1000
 
 
 def test_missing_config_file():
@@ -109,6 +117,7 @@ PAPER = {
     "context.summary_role": "system", "context.show_dropped_to_summarizer": False,   # (?)
     "context.summary_counts_as_step": True,                                          # (?)
     "rollout.group_size": 8, "rollout.temperature": 1.0, "rollout.dynamic_rounds": 0,
+    "rollout.budget_tokens": 0,                     # every rollout ends in its step
     "advantage.estimator": "rollout_group", "advantage.normalize_std": True,
     "advantage.negative_weight": 1.0,
     "advantage.masked_reasons": ("max_summaries", "max_steps", "context_limit", "env_error",

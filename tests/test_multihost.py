@@ -190,6 +190,23 @@ def test_sampling_on_the_serving_layout_matches_one_process(mesh_rollouts):
         np.testing.assert_allclose(_logprobs(got), _logprobs(ref), atol=1e-5)
 
 
+def test_rollouts_cut_at_a_budget_are_suspended_alike_on_every_process(mesh_rollouts):
+    """Rollouts cut at a token budget and resumed phase after phase (the same weights and
+    key): both processes of the 2-process run hold the same suspended rollouts after every
+    phase (each process replays the actions of the rows it owns when they resume), and on
+    every layout the rollouts in the end are the straight ones (tokens, transcripts)."""
+    two = mesh_rollouts[2, 4]
+    assert two[0]["phases"] == two[1]["phases"]
+    assert len(two[0]["phases"]) >= 3 and any(two[0]["phases"][:-1])
+    assert two[0]["budget_rollouts"] == two[1]["budget_rollouts"]
+    for got in mesh_rollouts.values():
+        strip = [{k: v for k, v in r.items() if k != "versions"} for r in
+                 got[0]["budget_rollouts"]]
+        ref = [{k: v for k, v in r.items() if k != "versions"} for r in got[0]["rollouts"]]
+        assert _tokens(strip) == _tokens(ref)
+        np.testing.assert_allclose(_logprobs(strip), _logprobs(ref), atol=1e-5)
+
+
 def _metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(x) for x in f if x.strip()]

@@ -7,7 +7,8 @@ import pytest
 
 from supo_jax.agent.context import ContextConfig as _ContextConfig
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import PolicyActor, Rollout, ScriptedActor, run_rollouts, summarize
+from supo_jax.agent.rollout import (PolicyActor, Rollout, ScriptedActor, Suspended, rollout_phase,
+                                    run_rollouts, summarize)
 from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, make_env, make_tasks
 from supo_jax.envs.fncall import expert_for
 from supo_jax.model.policy import new_policy
@@ -612,3 +613,110 @@ def test_a_scripted_expert_summary_cut_at_its_budget_is_said_once():
         for seg in r.segments:
             trained = [t for t, m in zip(seg.tokens, seg.mask) if m]
             assert "<summary>" not in fmt.decode(trained)
+
+
+def _phases(actor_for, make, tasks, fmt, cfg, *, budget, group=2, rows=4, json_trip=True,
+            restart=None):
+    """Rollouts run under a token budget a phase at a time (each phase: the suspended first,
+    version = the phase's number) until all ended; the suspended go through JSON between
+    phases, as through a checkpoint. restart(item, phase) -> bool: start it over instead.
+    Returns ({(group, sample): rollout}, the suspended count of each phase)."""
+    import json
+
+    items = [Suspended(t, gi, s) for gi, t in enumerate(tasks) for s in range(group)]
+    done, counts, phase = {}, [], 0
+    while items:
+        got, items, stats = rollout_phase(actor_for(), make, items, fmt, cfg, group_size=group,
+                                          rows=rows, budget_tokens=budget, version=phase)
+        assert stats["generated_tokens"] >= budget or not items
+        done.update(got)
+        counts.append(len(items))
+        if json_trip:
+            items = [Suspended.from_json(json.loads(json.dumps(x.to_json()))) for x in items]
+        if restart:
+            items = [Suspended(x.task, x.group_id, x.sample) if restart(x, phase) else x
+                     for x in items]
+        phase += 1
+        assert phase < 200
+    return done, counts
+
+
+@pytest.mark.parametrize("name", ["fncall/tallest", "fncall/pages"])
+def test_rollouts_cut_at_a_token_budget_resume_to_the_straight_rollouts(fmt, name):
+    """Cut at a token budget and resumed in later phases (a fresh environment each time, the
+    actions replayed into it; the state through JSON), a scripted actor's rollouts are the
+    rollouts run straight: transcripts, rows and rewards; each token's phase is recorded
+    (Rollout.versions) and sums to the generated tokens."""
+    cfg = ContextConfig("supo", 1350, max_steps=60, max_summaries=6, max_summary_tokens=200)
+    tasks = [t for size in (4, 9, 14) for t in make_tasks(name, "train", 1, seed=size, size=size)]
+    straight = run_rollouts(ScriptedActor(expert_for(name), fmt), _jittery(name, 0), tasks,
+                            fmt, cfg, group_size=2, rows=4)
+    done, counts = _phases(lambda: ScriptedActor(expert_for(name), fmt), _jittery(name, 1),
+                           tasks, fmt, cfg, budget=300)
+    assert len(counts) >= 3 and max(counts) > 0
+    for a in straight:
+        b = done[(a.group_id, a.sample)]
+        assert b.transcript == a.transcript and b.segments == a.segments
+        assert (b.reward, b.reason, b.counters) == (a.reward, a.reason, a.counters)
+        assert sum(n for _, n in b.versions) == b.counters["generated_tokens"]
+        assert [v for v, _ in b.versions] == sorted({v for v, _ in b.versions})
+    assert any(len(done[k].versions) > 1 for k in done)       # some went on under later phases
+    assert all(a.versions == [[0, a.counters["generated_tokens"]]] for a in straight)
+
+
+def test_a_resume_whose_replay_differs_fails_that_rollout_only(fmt):
+    """An environment that answers differently to the same actions after a resume (not
+    deterministic given its task and actions) ends that rollout as env_error, naming why;
+    the others go on; a restarted one (max_staleness) runs from its task again."""
+    name = "fncall/tallest"
+    cfg = ContextConfig("supo", 1350, max_steps=60, max_summaries=6, max_summary_tokens=200)
+    tasks = make_tasks(name, "train", 2, seed=3, size=9)
+    builds = []
+
+    def make():
+        env = make_env(name)
+        act, n = env.act, len(builds)
+        builds.append(n)
+
+        def drifting(text):
+            out = act(text)
+            if n >= 4 and out.observation:     # environments built after the first phase
+                out = dataclasses.replace(out, observation=out.observation + " (drift)")
+            return out
+        env.act = drifting
+        return env
+    import dataclasses
+    done, _ = _phases(lambda: ScriptedActor(expert_for(name), fmt), make, tasks, fmt, cfg,
+                      budget=150, restart=lambda x, phase: x.group_id == 1 and phase == 0)
+    bad = [r for k, r in done.items() if k[0] == 0]
+    assert all(r.reason == "env_error" for r in bad)
+    assert all("not deterministic given its task and actions" in r.transcript[-1]["content"]
+               for r in bad)
+    assert all(done[(1, s)].reason != "env_error" for s in range(2))
+
+
+def test_policy_rollouts_cut_and_resumed_under_the_same_weights_are_the_straight_ones(fmt):
+    """A PolicyActor's rollouts cut at a token budget and resumed phase after phase (a new
+    sampler each phase, the same weights and key) draw the same tokens as run straight: a
+    resumed generation draws from the stream of the one the cut dropped."""
+    pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
+    cfg = ContextConfig("supo", 1100, max_steps=6, max_summaries=2, max_action_tokens=40,
+                        max_summary_tokens=24)
+    tasks = [t for size in (4, 12, 20) for t in make_tasks("fncall/tallest", "train", 1,
+                                                              seed=size, size=size)]
+
+    def actor():
+        a = PolicyActor(pol, fmt, rows=4, max_len=cfg.row_bound(fmt),
+                        sampling=SamplingParams(1.0), seed=3)
+        a.sampler.decode_chunk = 8
+        return a
+    straight = run_rollouts(actor(), _jittery("fncall/tallest", 0), tasks, fmt, cfg,
+                            group_size=2, rows=4)
+    done, counts = _phases(actor, _jittery("fncall/tallest", 1), tasks, fmt, cfg, budget=120)
+    assert len(counts) >= 3
+    for a in straight:
+        b = done[(a.group_id, a.sample)]
+        assert b.transcript == a.transcript and b.reason == a.reason
+        assert [s.tokens for s in b.segments] == [s.tokens for s in a.segments]
+        for sa, sb in zip(a.segments, b.segments):
+            np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-5)

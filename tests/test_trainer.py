@@ -445,3 +445,31 @@ def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(straight_run, tmp_pa
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resumed from" in r.stdout
     same_run(_metrics(d), _metrics(ref))
+
+
+def test_partial_rollouts_carry_across_steps_and_resume_to_the_bit(tmp_path):
+    """rollout.budget_tokens: a step's rollout phase ends at the budget, the rollouts not
+    ended go on in the next step (their staleness counted), groups train when complete; the
+    suspended rollouts and unfinished groups are in the checkpoint, so a run stopped after
+    step 1 and rerun to step 4 has the straight run's metrics, to the bit
+    (rollout.reproducible: the rows' schedule depends on the tokens alone)."""
+    budget = ("rollout.budget_tokens=300", "rollout.reproducible=true",
+              "optim.recompute_old_logprobs=true", "loss.behaviour_correction=tis")
+    ref, d = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    for run_dir, steps in ((ref, 4), (d, 1), (d, 4)):
+        r = subprocess.run(_cmd(run_dir, *budget, f"train.steps={steps}"), env=ENV,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        if steps == 1:
+            ck = RunCheckpoints(os.path.join(d, "checkpoints"), async_save=False)
+            assert ck.read_meta(1)["carry"]["suspended"]    # step 1 left rollouts suspended
+            ck.close()
+    assert "resumed from" in r.stdout
+    rows = [x for x in _metrics(ref) if "loss" in x]
+    assert sum(x["rollouts_suspended"] for x in rows) > 0
+    assert sum(x["rollouts_resumed"] for x in rows) > 0
+    assert max(x["staleness_max"] for x in rows) >= 1
+    assert any(x["updates"] > 0 for x in rows)
+    # the stopped run's rows: step 1, its final eval, then steps 2-4 and the final eval
+    strip = lambda rs: [x for x in rs if "loss" in x] + [rs[-1]]
+    assert strip(_metrics(d)) == strip(_metrics(ref))

@@ -21,7 +21,7 @@ def config() -> Config:
                               summary_instruction=SUMMARY_INSTRUCTION,
                               show_dropped_to_summarizer=False, summary_counts_as_step=True),
         rollout=RolloutSection(tasks_per_step=128, group_size=8, rows=256, temperature=1.0,
-                               dynamic_rounds=0),
+                               dynamic_rounds=0, budget_tokens=0),
         advantage=AdvantageConfig(estimator="rollout_group", normalize_std=True,
                                   negative_weight=1.0, masked_reasons=NO_ANSWER,
                                   masked_count_in_stats=True, rollout_weight="tokens",

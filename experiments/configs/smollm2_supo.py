@@ -48,7 +48,7 @@ def config() -> Config:
                               summary_instruction=SUMMARY_INSTRUCTION,
                               show_dropped_to_summarizer=False, summary_counts_as_step=True),
         rollout=RolloutSection(tasks_per_step=16, group_size=8, rows=128, temperature=1.0,
-                               dynamic_rounds=0),
+                               dynamic_rounds=0, budget_tokens=0),
         # a quarter weight on negative advantages, as the committed GPU runs had (the paper: 1.0;
         # experiments/smollm2_arms.sh runs both and a placebo)
         advantage=AdvantageConfig(estimator="rollout_group", normalize_std=True,

@@ -229,6 +229,36 @@ class RolloutState:
         return self.attended + self.segment_peak
 
 
+def state_to_json(state: RolloutState) -> dict:
+    """A rollout state as JSON values (a suspended rollout in a checkpoint); state_from_json
+    reads it back equal."""
+    d = {}
+    for f in dataclasses.fields(RolloutState):
+        v = getattr(state, f.name)
+        if f.name in ("segments", "dropped"):
+            v = [[list(s.tokens), list(s.mask), list(s.logprobs)] for s in v]
+        elif f.name == "messages":
+            v = [dict(m) for m in v]
+        elif isinstance(v, tuple):
+            v = [list(x) if isinstance(x, tuple) else x for x in v]
+        d[f.name] = v
+    return d
+
+
+def state_from_json(d: dict) -> RolloutState:
+    kw = {}
+    for f in dataclasses.fields(RolloutState):
+        v = d[f.name]
+        if f.name in ("segments", "dropped"):
+            v = tuple(Segment(tuple(t), tuple(m), tuple(lp)) for t, m, lp in v)
+        elif f.name == "messages":
+            v = tuple(dict(m) for m in v)
+        elif isinstance(v, list):
+            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        kw[f.name] = v
+    return RolloutState(**kw)
+
+
 def initial_state(fmt: ChatFormat, messages: Sequence[dict], tools=None) -> RolloutState:
     prefix = tuple(fmt.prompt(list(messages), tools))
     prompt_text = next(m["content"] for m in reversed(messages) if m["role"] == "user")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import hashlib
 import json
 import queue
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from supo_jax.agent.context import (ENV_FAILURES, REASONS, ContextConfig, RolloutState, Segment,
                                     Turn, after_action, after_summary, finish, initial_state,
-                                    request_tokens)
+                                    request_tokens, state_from_json, state_to_json)
 from supo_jax.agent.render import ChatFormat
 from supo_jax.model.policy import Policy
 from supo_jax.sampling.sampler import Generation, Sampler, SamplingParams
@@ -124,6 +125,10 @@ class PolicyActor:
     def busy(self) -> bool:
         return bool(self.sampler.generating)
 
+    def in_flight(self) -> int:
+        """Tokens generated so far by the rows still generating."""
+        return sum(len(v[0].tokens) for v in self.sampler.generating.values())
+
     def advance(self) -> dict[int, Generation]:
         """One decode call over the generating rows (at most the sampler's decode_chunk
         steps); {row: Generation} of those that ended in it."""
@@ -205,6 +210,10 @@ class Rollout:
     # the info of the environment's last step when it ended the episode (JSON values; e.g.
     # BFCL's executed calls per turn, "calls")
     env_info: dict = dataclasses.field(default_factory=dict)
+    # [[policy version, tokens it generated], ...] in generation order: the version (the
+    # trainer's updates so far) of every generated token (several where the rollout was
+    # suspended at a step's token budget and resumed under later weights); [] when untracked
+    versions: list = dataclasses.field(default_factory=list)
 
     @property
     def answered(self) -> bool:
@@ -316,6 +325,35 @@ def _failure(e: BaseException, where: str) -> list:
     return ["env_error", f"{where}: {e!r}"[:500]]
 
 
+@dataclasses.dataclass
+class Suspended:
+    """A rollout to run: a task's sample not started yet (state None), or one cut at a
+    step's token budget at its last complete turn (rollout.budget_tokens), with what it
+    needs to go on in a later step. Its environment is not kept: resuming builds a fresh one
+    from the task and replays `actions` into it, each checked against the digest of what it
+    returned the first time (the environment must be deterministic given its task and
+    actions; one that is not ends the rollout as env_error). JSON values throughout (a
+    checkpoint holds it; every process of a run holds the same)."""
+    task: dict
+    group_id: int
+    sample: int
+    state: dict | None = None          # context.state_to_json
+    transcript: list = dataclasses.field(default_factory=list)
+    summaries: list = dataclasses.field(default_factory=list)
+    probes: list = dataclasses.field(default_factory=list)
+    actions: list = dataclasses.field(default_factory=list)   # [[action text, digest], ...]
+    env_info: dict = dataclasses.field(default_factory=dict)
+    generations: int = 0
+    versions: list = dataclasses.field(default_factory=list)  # as Rollout.versions
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Suspended:
+        return cls(**d)
+
+
 class _Row:
     def __init__(self, slot, task, group_id, sample, env, state):
         self.slot, self.task, self.group_id, self.sample = slot, task, group_id, sample
@@ -325,6 +363,38 @@ class _Row:
         self.probes: list = []
         self.env_info: dict = {}
         self.generations = 0     # the model's generations so far (its tokens' streams)
+        self.actions: list = []  # the environment steps applied: [[action text, digest], ...]
+        self.versions: list = []
+
+    def add_tokens(self, version: int, n: int) -> None:
+        if self.versions and self.versions[-1][0] == version:
+            self.versions[-1][1] += n
+        else:
+            self.versions.append([version, n])
+
+    def suspend(self, in_flight: bool) -> Suspended:
+        """This row as it stands after its last applied outcome: a generation in flight, or
+        an action whose environment step has not been applied, is left out, and its stream
+        number with it (under unchanged weights and key, the resumed row draws it again)."""
+        return Suspended(self.task, self.group_id, self.sample, state_to_json(self.state),
+                         list(self.transcript), list(self.summaries), list(self.probes),
+                         [list(a) for a in self.actions], dict(self.env_info),
+                         self.generations - in_flight, [list(v) for v in self.versions])
+
+    @classmethod
+    def resumed(cls, slot: int, s: Suspended, env) -> _Row:
+        r = cls(slot, s.task, s.group_id, s.sample, env, state_from_json(s.state))
+        r.transcript, r.summaries, r.probes = list(s.transcript), list(s.summaries), list(s.probes)
+        r.actions, r.env_info, r.generations = [list(a) for a in s.actions], dict(s.env_info), \
+            s.generations
+        r.versions = [list(v) for v in s.versions]
+        return r
+
+
+def _digest(out: list) -> str:
+    """What an environment step returned (observation, done, reward, tool call, role), as a
+    short digest: a resumed rollout's replay is checked against it."""
+    return hashlib.sha1(json.dumps(out[1:6]).encode()).hexdigest()[:16]
 
 
 def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
@@ -378,34 +448,56 @@ class _Driver:
     each round generates for every waiting row until all have ended, then waits for all
     their environment calls."""
 
-    def __init__(self, actor, summarizer, make_env, tasks, fmt, cfg, *, group_size, rows,
-                 env_timeout_s, env_workers, progress, peers, rounds=False):
+    def __init__(self, actor, summarizer, make_env, items, fmt, cfg, *, group_size, rows,
+                 env_timeout_s, env_workers, progress, peers, rounds=False, budget_tokens=0,
+                 version=0, reproducible=False):
         self.actor = streaming(actor)
         self.summarizer = (streaming(summarizer) if cfg.manager == "frozen_summarizer"
                            else self.actor)
         self.make_env, self.peers, self.rounds = make_env, peers, rounds
+        self.reproducible = reproducible
         self.group_size = group_size
         self.fmt, self.cfg, self.timeout, self.progress = fmt, cfg, env_timeout_s, progress
-        self.queue = [(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)][::-1]
+        self.queue: list[Suspended] = list(items)[::-1]
         self.free = list(range(rows))[::-1]
         self.active: dict[int, _Row] = {}
-        self.starting: dict[int, tuple] = {}        # slot -> (task, group, sample): reset out
+        self.starting: dict[int, Suspended] = {}    # slot -> its rollout: reset or replay out
         self.generating: set[int] = set()           # slots in the actor's decode batch
         self.ended: dict[int, Generation] = {}      # slot -> its generation, awaiting the env
         self.calls: dict[int, tuple] = {}           # slot -> (kind, future, deadline): mine
         self.built: dict[int, object] = {}          # slot -> the environment a reset built
         self.results: dict[tuple[int, int], Rollout] = {}
         self.pool = EnvPool(env_workers or rows)
+        # rollout.budget_tokens: the generated tokens after which the rollouts left are cut
+        self.budget, self.version = budget_tokens, version
+        self.generated = self.discarded = 0        # tokens generated, and those cut away
+        self.suspended: list[Suspended] | None = None   # set by the cut
 
     def running(self) -> bool:
-        return bool(self.queue or self.active or self.starting)
+        return self.suspended is None and bool(self.queue or self.active or self.starting)
+
+    def cut(self) -> None:
+        """The step's token budget is spent: every rollout not ended stops where it stands
+        after its last applied outcome (its generation in flight or its action waiting for
+        the environment is dropped: `discarded` counts the dropped actions' tokens), and the
+        rollouts not started wait too; all in `suspended`, in (group, sample) order."""
+        out = [self.active[slot].suspend(in_flight=slot in self.generating or slot in self.ended)
+               for slot in self.active]
+        self.discarded += sum(len(g.tokens) for g in self.ended.values()) + sum(
+            getattr(a, "in_flight", lambda: 0)() for a in {id(a): a for a in (
+                self.actor, self.summarizer)}.values())
+        out += list(self.starting.values()) + self.queue
+        for _, f, _ in self.calls.values():
+            self.pool.abandon(f)
+        self.active, self.starting, self.queue, self.calls, self.ended = {}, {}, [], {}, {}
+        self.suspended = sorted(out, key=lambda x: (x.group_id, x.sample))
 
     def close(self, row: _Row) -> None:
         st = row.state
         self.results[(row.group_id, row.sample)] = Rollout(
             task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
             sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
-            reward=float(st.reward),
+            reward=float(st.reward), versions=row.versions,
             reason=st.reason, transcript=row.transcript, summaries_text=row.summaries,
             summary_probes=row.probes, env_info=row.env_info,
             counters=dict(steps=st.steps, tool_calls=st.tool_calls, summaries=st.summaries,
@@ -419,18 +511,22 @@ class _Driver:
         if self.progress:
             self.progress(1)
 
-    def _call(self, slot: int, kind: str, fn, *args) -> None:
-        self.calls[slot] = (kind, self.pool.submit(fn, *args), time.monotonic() + self.timeout)
+    def _call(self, slot: int, kind: str, fn, *args, calls: int = 1) -> None:
+        self.calls[slot] = (kind, self.pool.submit(fn, *args),
+                            time.monotonic() + self.timeout * calls)
 
     def start_rows(self) -> None:
         """Fill free slots from the queue: the process that owns a slot builds and resets
-        its environment in the pool."""
+        its environment in the pool (and replays a resumed rollout's actions into it)."""
         while self.free and self.queue:
-            task, gi, s = self.queue.pop()
+            item = self.queue.pop()
             slot = self.free.pop()
-            self.starting[slot] = (task, gi, s)
+            self.starting[slot] = item
             if self.peers.owns(slot):
-                self._call(slot, "reset", self._reset, task)
+                if item.state is None:
+                    self._call(slot, "reset", self._reset, item.task)
+                else:
+                    self._call(slot, "reset", self._replay, item, calls=1 + len(item.actions))
 
     def _reset(self, task: dict) -> tuple[object, list]:
         """In a pool worker: a new environment for `task` and its reset as plain values."""
@@ -446,12 +542,34 @@ class _Driver:
         return env, ["ok", rs.system, rs.prompt,
                      json.loads(json.dumps([t.schema() for t in rs.tools]))]
 
+    def _replay(self, item: Suspended) -> tuple[object, list]:
+        """In a pool worker: a fresh environment for a suspended rollout, its actions
+        replayed into it (each must return what it did the first time)."""
+        env, _ = self._reset(item.task)
+        for i, (action, digest) in enumerate(item.actions):
+            out = self._step(env, action)
+            if out[2] or out[-1] != digest:
+                raise RuntimeError(
+                    f"resuming the rollout: action {i + 1} of {len(item.actions)} replayed into "
+                    "a fresh environment returned other than it did (the environment is not "
+                    "deterministic given its task and actions)")
+        return env, ["resumed"]
+
     def _started(self, slot: int, outcome: list) -> None:
-        """A reset's outcome: the row starts, or (a build or reset that failed, timed out or
-        returned what is not a prompt, or a prompt over L) its rollout ends at once."""
-        task, gi, s = self.starting.pop(slot)
+        """A reset's outcome: the row starts (or goes on, resumed), or (a build, reset or
+        replay that failed, timed out or returned what is not a prompt, or a prompt over L)
+        its rollout ends at once."""
+        item = self.starting.pop(slot)
+        task, gi, s = item.task, item.group_id, item.sample
         env = self.built.pop(slot, None)
         kind, *rest = outcome
+        if item.state is not None:
+            row = self.active[slot] = _Row.resumed(slot, item, env)
+            if kind != "resumed":
+                row.state = finish(row.state, kind)
+                row.transcript.append({"role": "error", "content": rest[0]})
+                self.close(row)
+            return
         if kind == "ok":
             try:
                 self.active[slot] = _Row(slot, task, gi, s, env, _start(self.fmt, self.cfg, *rest))
@@ -494,6 +612,7 @@ class _Driver:
                     for slot, g in a.advance().items():
                         self.generating.discard(slot)
                         self.ended[slot] = g
+                        self.generated += len(g.tokens)
                         r = self.active[slot]
                         if r.env is None:          # a row another process owns
                             continue
@@ -570,7 +689,8 @@ class _Driver:
         obs = None if done else str(res.observation)[:64 * self.cfg.max_observation_tokens]
         role = "user" if getattr(res, "role", "tool") == "user" else "tool"
         tool_call = "error" not in info and info.get("tool_call") is not False
-        return ["ok", obs, done, reward, tool_call, role, _json_values(info) if done else {}]
+        out = ["ok", obs, done, reward, tool_call, role, _json_values(info) if done else {}]
+        return out + [_digest(out)]
 
     def _observation(self, out: list) -> list:
         """A step's outcome with its observation cut to max_observation_tokens (here, not in
@@ -587,6 +707,7 @@ class _Driver:
         cfg = self.cfg
         text = self.fmt.action_text(g.tokens)
         turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
+        r.add_tokens(self.version, len(g.tokens))
         r.transcript += [{"role": cfg.summary_role, "content": cfg.summary_instruction},
                          {"role": "assistant", "content": text, "summary": True}]
         r.state = after_summary(cfg, self.fmt, r.state, turn,
@@ -603,12 +724,14 @@ class _Driver:
         text = self.fmt.action_text(g.tokens)
         turn = Turn(tuple(g.tokens), tuple(g.logprobs), text)
         r.transcript.append({"role": "assistant", "content": text})
+        r.add_tokens(self.version, len(g.tokens))
         kind, *rest = result
         if kind != "ok":
             r.state = finish(r.state, kind)
             r.transcript.append({"role": "error", "content": rest[0]})
             return
-        obs, done, reward, tool_call, role, final = rest
+        obs, done, reward, tool_call, role, final, digest = rest
+        r.actions.append([text, digest])
         r.env_info = final
         if obs is not None:
             r.transcript.append({"role": role, "content": obs})
@@ -623,7 +746,11 @@ class _Driver:
         """One boundary: start rows in free slots, rows waiting for the model join the
         decode batch, one decode call, ended rows' environment calls go to the pool, the
         outcomes back by now are shared between processes and applied. In rounds mode, the
-        starts' resets are waited for and applied first, and every call runs to its end."""
+        starts' resets are waited for and applied first, and every call runs to its end.
+        With the step's token budget spent: the cut, instead."""
+        if self.budget and self.generated >= self.budget:
+            self.cut()
+            return
         self.start_rows()
         if self.rounds and self.starting:
             self.apply(self.peers.merge(self.collect(wait=True)))
@@ -631,7 +758,11 @@ class _Driver:
         t0, made = time.perf_counter(), len(self.calls)
         self.advance()
         busy = self.actor.busy() or self.summarizer.busy()   # the same on every process
-        if busy and len(self.calls) > made:
+        if self.reproducible and self.calls:
+            # every call answers by the next boundary: the schedule depends on the tokens only
+            cf.wait([f for _, f, _ in self.calls.values()],
+                    timeout=max(0.0, max(d for _, _, d in self.calls.values()) - time.monotonic()))
+        elif busy and len(self.calls) > made:
             # calls made at this boundary that answer at once (local tools) rejoin at the
             # next one: a grace of GRACE x this decode call's time, so it costs at most that
             fresh = [f for _, f, _ in list(self.calls.values())[made:]]
@@ -644,7 +775,8 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
                  fmt: ChatFormat, cfg: ContextConfig, *, group_size: int = 1, rows: int = 8,
                  summarizer: Actor | None = None, env_timeout_s: float = 30.0,
                  env_workers: int | None = None, progress: Callable[[int], None] | None = None,
-                 peers: Peers | None = None, rounds: bool = False) -> list[Rollout]:
+                 peers: Peers | None = None, rounds: bool = False,
+                 reproducible: bool = False) -> list[Rollout]:
     """Run group_size rollouts of every task; returns them in (task, sample) order.
 
     make_env() builds a fresh environment per rollout. Environment calls run in env_workers
@@ -653,23 +785,50 @@ def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[d
     submit/busy/advance (PolicyActor) decodes in chunks that rows join and leave, another
     (act(requests) -> generations) answers each boundary's requests at once.
     rounds=True: the turn-synchronous reference (each round waits for its longest action
-    and its slowest environment call). With the frozen_summarizer manager, `summarizer`
-    writes the summaries (not trained).
+    and its slowest environment call). reproducible=True: every environment call's outcome
+    joins at the boundary after the one it was made at (the driver waits for it there), so
+    the rows' schedule, and with it every sampler call, depends on the tokens alone: runs
+    repeat to the bit. With the frozen_summarizer manager, `summarizer` writes the summaries
+    (not trained).
     Several processes (peers: rl.multihost.ProcessPeers) call this together with the same
     arguments: each steps the environments of the rows it owns, all make the same sampler
     calls over all rows, and all return the same rollouts.
     """
+    items = [Suspended(t, gi, s) for gi, t in enumerate(tasks) for s in range(group_size)]
+    done, _, _ = rollout_phase(actor, make_env, items, fmt, cfg, group_size=group_size,
+                               rows=rows, summarizer=summarizer, env_timeout_s=env_timeout_s,
+                               env_workers=env_workers, progress=progress, peers=peers,
+                               rounds=rounds, reproducible=reproducible)
+    return [done[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
+
+
+def rollout_phase(actor: Actor, make_env: Callable[[], object], items: Sequence[Suspended],
+                  fmt: ChatFormat, cfg: ContextConfig, *, group_size: int, rows: int = 8,
+                  budget_tokens: int = 0, version: int = 0, summarizer: Actor | None = None,
+                  env_timeout_s: float = 30.0, env_workers: int | None = None,
+                  progress: Callable[[int], None] | None = None, peers: Peers | None = None,
+                  rounds: bool = False, reproducible: bool = False
+                  ) -> tuple[dict[tuple[int, int], Rollout], list[Suspended], dict]:
+    """run_rollouts over rollouts to start or resume (`items`, started in their order; a
+    rollout's random stream is group_id x group_size + sample, so (group, sample) pairs are
+    distinct). budget_tokens > 0: once the generations that ended have that many tokens, the
+    rollouts not ended are cut (_Driver.cut) and returned to go on in a later phase.
+    version: the policy version (the trainer's updates so far) their new tokens are tagged
+    with (Rollout.versions). Returns ({(group, sample): ended rollout}, the suspended,
+    {"generated_tokens", "discarded_tokens"})."""
     if cfg.manager == "frozen_summarizer" and summarizer is None:
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
-    d = _Driver(actor, summarizer, make_env, tasks, fmt, cfg, group_size=group_size, rows=rows,
+    d = _Driver(actor, summarizer, make_env, items, fmt, cfg, group_size=group_size, rows=rows,
                 env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress,
-                peers=peers or OneProcess(), rounds=rounds)
+                peers=peers or OneProcess(), rounds=rounds, budget_tokens=budget_tokens,
+                version=version, reproducible=reproducible)
     try:
         while d.running():
             d.step()
     finally:
         d.pool.shutdown()
-    return [d.results[(gi, s)] for gi in range(len(tasks)) for s in range(group_size)]
+    return d.results, d.suspended or [], {"generated_tokens": d.generated,
+                                          "discarded_tokens": d.discarded}
 
 
 def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:

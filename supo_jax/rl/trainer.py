@@ -10,10 +10,11 @@ the train step is one SPMD program over the global mesh. Orbax writes checkpoint
 process 0 writes metrics.jsonl, TensorBoard events, config.json, the HF export and
 progress bars. The run directory must be shared by the processes.
 
-Exact resume: everything random is derived from (train.seed, step) — the
-sampler key, the minibatch order — and the task stream position is a function
-of the step, so a run restored from step k replays steps k+1.. exactly as an
-uninterrupted run would.
+Resume: everything random is derived from (train.seed, step) — the sampler key, the
+minibatch order — and the task stream position is a function of the step (with partial
+rollouts, rollout.budget_tokens, it and the suspended rollouts and unfinished groups are in
+the checkpoint), so a run restored from step k replays steps k+1.. as an uninterrupted run
+would.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from jax.sharding import Mesh
 
 from supo_jax.agent.context import ENV_FAILURES, ContextConfig
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import PolicyActor, Rollout, run_rollouts, summarize
+from supo_jax.agent.rollout import PolicyActor, Rollout, Suspended, rollout_phase, summarize
 from supo_jax.checkpoint import RunCheckpoints
 from supo_jax.config import Config, ConfigError, OptimSection, to_dict
 from supo_jax.model.policy import Policy
@@ -74,22 +75,36 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
     metrics are then computed identically everywhere and each process feeds the train step
     only the batch rows of its own devices (place_batch).
     """
+    g = group_size or cfg.rollout.group_size
+    items = [Suspended(t, gi, s) for gi, t in enumerate(tasks) for s in range(g)]
+    done, _, _ = policy_rollouts(policy, fmt, cfg, items, seed=seed, context=context,
+                                 group_size=g, sampling=sampling, progress=progress)
+    out = [done[(gi, s)] for gi in range(len(tasks)) for s in range(g)]
+    report_env_errors(out)
+    return out
+
+
+def policy_rollouts(policy: Policy, fmt: ChatFormat, cfg: Config, items: Sequence[Suspended], *,
+                    seed: int, context: ContextConfig | None = None, group_size: int,
+                    sampling: SamplingParams | None = None, budget_tokens: int = 0,
+                    version: int = 0, progress: Callable[[int], object] | None = None):
+    """rollout_batch's phase over rollouts to start or resume (agent.rollout.rollout_phase's
+    result)."""
     from supo_jax.envs import make_env
 
     ctx = context or cfg.context
     r = cfg.rollout
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
     max_len = ctx.row_bound(fmt)
-    g = group_size or r.group_size
     # sampled on the serving layout (a copy freed with the sampler, before the update)
     policy = serving_policy(cfg, policy)
-    rows = sampler_rows(cfg, len(tasks) * g, policy.mesh)
+    rows = sampler_rows(cfg, len(items), policy.mesh)
     actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
-    out = run_rollouts(actor, lambda: make_env(cfg.env.name), tasks, fmt, ctx, group_size=g,
-                       rows=rows, env_timeout_s=cfg.env.timeout_s, progress=progress,
-                       peers=ProcessPeers() if jax.process_count() > 1 else None)
-    report_env_errors(out)
-    return out
+    return rollout_phase(actor, lambda: make_env(cfg.env.name), items, fmt, ctx,
+                         group_size=group_size, rows=rows, budget_tokens=budget_tokens,
+                         version=version, reproducible=r.reproducible,
+                         env_timeout_s=cfg.env.timeout_s, progress=progress,
+                         peers=ProcessPeers() if jax.process_count() > 1 else None)
 
 
 _REPORTED_ERRORS: set = set()
@@ -237,6 +252,11 @@ class Run:
     report: dict = dataclasses.field(default_factory=dict)
     ref_params: nnx.State | None = None   # the starting policy's parameters (loss.kl_coef > 0)
     placebo_rng: np.random.Generator | None = None   # advantage.permute_rewards' permutations
+    # partial rollouts (rollout.budget_tokens): what carries from step to step (JSON values,
+    # in the checkpoint): the task stream's position, the next group's number, the suspended
+    # rollouts (Suspended.to_json) and the ended rollouts of unfinished groups (Rollout.to_json)
+    carry: dict = dataclasses.field(default_factory=lambda: dict(
+        task_position=0, next_group=0, suspended=[], ended=[]))
 
 
 class Preempted(Exception):
@@ -368,7 +388,9 @@ def open_run(cfg: Config) -> Run:
             "warnings above say why); nothing was overwritten. Use another train.run_dir, or move "
             "the checkpoints away to start over")
     if restored is not None:
-        run.start, trained, run.opt_state, _ = restored
+        run.start, trained, run.opt_state, meta = restored
+        if cfg.rollout.budget_tokens and "carry" in meta:
+            run.carry = meta["carry"]
         run.params = join_trainable(trained, frozen)
         nnx.update(policy.model, run.params)
         run.report["resumed_from"] = run.start
@@ -443,6 +465,8 @@ def step_rollouts(run: Run, step: int, tasks: Sequence[dict], pool: Sequence[dic
     so a resumed run replays them. Returns (the first round's rollouts, the trained rollouts,
     metrics)."""
     cfg = run.cfg
+    if cfg.rollout.budget_tokens:
+        return partial_rollouts(run, step, pool)
     B, k = cfg.rollout.tasks_per_step, cfg.rollout.dynamic_rounds
     first, kept, rounds, informative = [], [], 0, 0
     seed = hash_seed(cfg.train.seed, step)
@@ -468,6 +492,57 @@ def step_rollouts(run: Run, step: int, tasks: Sequence[dict], pool: Sequence[dic
             kept += [dataclasses.replace(r, group_id=informative) for r in got if r.group_id == g]
             informative += 1
     return first, kept, {"rounds": rounds, "groups_trained": informative}
+
+
+def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
+                     ) -> tuple[list[Rollout], list[Rollout], dict]:
+    """Step `step` + 1's rollouts under a token budget (rollout.budget_tokens): the
+    suspended rollouts go on first (restarted from their task where their first tokens are
+    more than rollout.max_staleness updates old), then the first samples of new groups from
+    the task stream, as many groups as keep tasks_per_step groups in flight; the phase ends
+    at the budget (rollout_phase). A group trains in the step in which its last rollout
+    ends. Returns (the rollouts that ended in this step, the rollouts of the groups it
+    completed, metrics: rollouts_suspended / resumed / restarted, groups_completed, the
+    trained rollouts' staleness in updates, the tokens cut away)."""
+    cfg, c = run.cfg, run.carry
+    r, G = cfg.rollout, cfg.rollout.group_size
+    items, resumed, restarted = [], 0, 0
+    for d in c["suspended"]:
+        it = Suspended.from_json(d)
+        if it.versions and step - it.versions[0][0] > r.max_staleness:
+            it, restarted = Suspended(it.task, it.group_id, it.sample), restarted + 1
+        resumed += it.state is not None
+        items.append(it)
+    ended_before = [Rollout.from_json(x) for x in c["ended"]]
+    in_flight = {it.group_id for it in items} | {x.group_id for x in ended_before}
+    for _ in range(max(0, r.tasks_per_step - len(in_flight))):
+        task = pool[c["task_position"] % len(pool)]
+        c["task_position"] = (c["task_position"] + 1) % len(pool)
+        items += [Suspended(task, c["next_group"], s) for s in range(G)]
+        c["next_group"] += 1
+    bar = progress_bar(len(items), f"rollouts {step + 1}", cfg.train.progress,
+                       closing_line=False)
+    done, suspended, stats = policy_rollouts(
+        run.policy, run.fmt, cfg, items, seed=hash_seed(cfg.train.seed, step), group_size=G,
+        budget_tokens=r.budget_tokens, version=step, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    ended = [done[k] for k in sorted(done)]
+    report_env_errors(ended)
+    by_group: dict[int, list[Rollout]] = {}
+    for x in ended_before + ended:
+        by_group.setdefault(x.group_id, []).append(x)
+    complete = sorted(g for g, xs in by_group.items() if len(xs) == G)
+    trained = [x for g in complete for x in sorted(by_group[g], key=lambda x: x.sample)]
+    c["ended"] = [x.to_json() for g in sorted(by_group) if g not in complete
+                  for x in by_group[g]]
+    c["suspended"] = [x.to_json() for x in suspended]
+    stale = [step - x.versions[0][0] for x in trained if x.versions]
+    return ended, trained, {
+        "rollouts_suspended": len(suspended), "rollouts_resumed": resumed,
+        "rollouts_restarted": restarted, "groups_completed": len(complete),
+        "staleness_mean": float(np.mean(stale)) if stale else 0.0,
+        "staleness_max": max(stale, default=0), "tokens_discarded": stats["discarded_tokens"]}
 
 
 def run_advantages(run: Run, rollouts: Sequence[Rollout]) -> Advantages:
@@ -504,7 +579,7 @@ def rl_step(run: Run, step: int, tasks: Sequence[dict], *, max_len: int, loss_cf
             **summarize_scalars(rollouts), "updates": 0,
             **{k: v for k, v in upd.items() if k != "loss"}, **sampled,
             "masked_rate": float(np.mean([r.reason in cfg.advantage.masked_reasons
-                                          for r in rollouts])),
+                                          for r in rollouts])) if rollouts else 0.0,
             "segments": len(adv.segments), "rollout_seconds": t1 - t0, "update_seconds": t2 - t1}
 
 
@@ -512,7 +587,8 @@ def save_step(run: Run, done: int, *, task_position: int) -> None:
     """Checkpoint the run after `done` steps (asynchronously; collective)."""
     run.ckpts.save(done, trainable(run.params), run.opt_state, {
         "step": done, "seed": run.cfg.train.seed, "task_position": task_position,
-        "model_fingerprint": run.fingerprint})
+        "model_fingerprint": run.fingerprint,
+        **({"carry": run.carry} if run.cfg.rollout.budget_tokens else {})})
 
 
 def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int) -> None:
