@@ -20,6 +20,14 @@ rollouts per sampler row (--ratios) x tool latency (0 and --latency), one run_ro
 - identical rollouts: the independent rows' tokens equal the rounds' (each rollout draws
   from its own random stream, so who decodes beside whom does not change them; float
   rounding of another batch could flip a near-tie).
+Then partial rollouts (rollout.budget_tokens; agent.rollout.rollout_phase), over --phases
+consecutive phases (a trainer's steps, the weights unchanged, a new sampler each phase as the
+trainer makes), independent rows both ways, as many rollouts kept in flight as a phase starts
+without a budget: off, every phase runs its rollouts to their end; on, a phase ends once its
+generations hold --budget-share of the tokens an unbudgeted phase generates, and the
+rollouts not ended go on first in the next (the rest of the slots get new tasks). Trained
+tokens/s: the tokens of the rollouts that ended, over the phases' wall (compiling excluded);
+the rollouts still suspended after the last phase do not count.
 The first call of each shape compiles, and independent rows reach more shapes (prefill and
 decode calls over varying sets of rows, in an order that changes from run to run): a run's
 wall time excludes the seconds jax reports tracing and compiling (jax.monitoring, reported
@@ -90,17 +98,20 @@ def main(argv=None):
     ap.add_argument("--max-turns", type=int, default=16)
     ap.add_argument("--action-tokens", type=int, default=32)
     ap.add_argument("--decode-chunk", type=int, default=16)
+    ap.add_argument("--phases", type=int, default=4, help="phases of the budget comparison")
+    ap.add_argument("--budget-share", type=float, default=0.5,
+                    help="the budget: this share of an unbudgeted phase's generated tokens")
     args = ap.parse_args(argv)
     if args.smoke:
         args.hidden, args.layers, args.rows, args.ratios = 32, 1, 2, "1"
-        args.latency, args.max_turns = 0.05, 4
+        args.latency, args.max_turns, args.phases = 0.05, 4, 2
     ratios = [int(x) for x in args.ratios.split(",")]
     repeats = args.repeats or (1 if args.smoke else 2)
     run = common.Run("rows", args, argv)
 
     from supo_jax.agent.context import ContextConfig
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.agent.rollout import PolicyActor, run_rollouts
+    from supo_jax.agent.rollout import PolicyActor, Suspended, rollout_phase, run_rollouts
     from supo_jax.sampling.sampler import SamplingParams
 
     _count_compiles()
@@ -165,9 +176,68 @@ def main(argv=None):
                   f"{med('independent', 'trained_tokens_per_s'):.0f} tok/s: "
                   f"{row['speedup']['median']:.2f}x; identical rollouts: "
                   f"{row['identical_rollouts']}", flush=True)
+    def phases(budget, ratio, latency):
+        """--phases phases keeping ratio x rows rollouts in flight (task i: group i)."""
+        n = ratio * args.rows
+        stream = tail_tasks(n * (args.phases + 1), args.max_turns, seed=100 + ratio)
+        items, pos, envs, out = [], 0, {}, {"s": 0.0, "trained_tokens": 0, "live": 0, "slots": 0,
+                                  "generated": 0, "suspended": [], "compile_s": 0.0}
+        for k in range(args.phases):
+            while len(items) < n:
+                items.append(Suspended(stream[pos], pos, 0))
+                pos += 1
+            actor = PolicyActor(policy, fmt, rows=args.rows, max_len=ctx.row_bound(fmt),
+                                sampling=SamplingParams(1.0), seed=k)
+            actor.sampler.decode_chunk = args.decode_chunk
+            t0, c0 = time.perf_counter(), COMPILE_S[0]
+            done, items, st = rollout_phase(actor, _tail_env(latency, args.max_turns), items,
+                                            fmt, ctx, group_size=1, rows=args.rows,
+                                            budget_tokens=budget, version=k, envs=envs)
+            compiling = COMPILE_S[0] - c0
+            out["s"] += time.perf_counter() - t0 - compiling
+            out["compile_s"] += compiling
+            out["trained_tokens"] += sum(r.counters["generated_tokens"] for r in done.values()
+                                         if r.answered)
+            out["generated"] += st["generated_tokens"]
+            out["live"] += actor.sampler.live_steps
+            out["slots"] += actor.sampler.slot_steps
+            out["suspended"].append(len(items))
+        return out
+
+    budget_table = []
+    for ratio in ratios:
+        for latency in (0.0, args.latency):
+            phases(0, ratio, latency)                  # compiles the shapes (untimed)
+            offs, ons = [], []
+            for _ in range(repeats):
+                off = phases(0, ratio, latency)
+                budget = max(1, int(args.budget_share * off["generated"] / args.phases))
+                offs.append(off)
+                ons.append(phases(budget, ratio, latency))
+            row = {"rollouts_per_row": ratio, "latency_s": latency, "budget_tokens": budget,
+                   "phases": args.phases,
+                   "suspended_share": sum(sum(o["suspended"]) for o in ons)
+                   / (len(ons) * args.phases * ratio * args.rows)}
+            for name, rs in (("off", offs), ("on", ons)):
+                row[name] = {"trained_tokens_per_s": common.stats(
+                                 r["trained_tokens"] / r["s"] for r in rs),
+                             "utilisation": common.stats(r["live"] / max(1, r["slots"])
+                                                         for r in rs),
+                             "trained_tokens": rs[-1]["trained_tokens"],
+                             "compile_s": common.stats(r["compile_s"] for r in rs)}
+            row["speedup"] = common.stats((b["trained_tokens"] / b["s"])
+                                          / (a["trained_tokens"] / a["s"])
+                                          for a, b in zip(offs, ons))
+            budget_table.append(row)
+            print(f"budget: {ratio} rollouts a row, tools 0-{latency:g} s: off "
+                  f"{row['off']['trained_tokens_per_s']['median']:.0f} trained tok/s, on "
+                  f"(budget {budget}) {row['on']['trained_tokens_per_s']['median']:.0f}: "
+                  f"{row['speedup']['median']:.2f}x", flush=True)
+
     config = {"rows": args.rows, "decode_chunk": args.decode_chunk,
               "action_tokens": args.action_tokens, "max_turns": args.max_turns,
               "latency_s": args.latency, "working_context": W, "sampling": "temperature 1",
+              "phases": args.phases, "budget_share": args.budget_share,
               "repeats": repeats,
               "model": {"params": mc.num_params, "hidden": mc.hidden_size,
                         "layers": mc.num_layers, "dtype": "float32"}}
@@ -176,7 +246,11 @@ def main(argv=None):
                         f"rollouts a row, tools 0-{r['latency_s']:g} s",
                 "target": "> 1x", "measured": f"{r['speedup']['median']:.2f}x",
                 "met": r["speedup"]["median"] > 1.0} for r in slow]
-    run.write({"table": table, "targets": targets}, config=config)
+    targets += [{"what": f"trained tokens/s, token budget on vs off, {r['rollouts_per_row']} "
+                         f"rollouts a row, tools 0-{r['latency_s']:g} s",
+                 "target": "> 1x", "measured": f"{r['speedup']['median']:.2f}x",
+                 "met": r["speedup"]["median"] > 1.0} for r in budget_table]
+    run.write({"table": table, "budget": budget_table, "targets": targets}, config=config)
 
 
 def markdown(res: dict) -> str:
@@ -208,6 +282,25 @@ rows reach more shapes, which a long run compiles once). Median (min-max) of
     lines.append("With tools that answer at once, independent rows make more and smaller prefill "
                  "and decode calls (rows rejoin at different boundaries) and reach more "
                  "compiled shapes; with slow tools no round waits for its slowest one.")
+    if "budget" in r:
+        lines.append(f"""
+Partial rollouts (`rollout.budget_tokens`): {c['phases']} consecutive phases, independent rows,
+a new sampler each phase, the same number of rollouts in flight; on: a phase ends at
+{c['budget_share']:g} of the tokens an unbudgeted phase generates and the rollouts not ended
+go on first in the next. Trained tokens/s: tokens of the rollouts that ended over the phases'
+wall (compiling excluded; those still suspended at the end do not count). Suspended share:
+rollouts suspended at a phase's end over those in flight.
+
+| rollouts a row | tools (s) | budget (tokens) | off: utilisation, trained tok/s | on: utilisation, trained tok/s | speedup | suspended share |
+|---|---|---|---|---|---|---|""")
+        for x in r["budget"]:
+            a, b, sp = x["off"], x["on"], x["speedup"]
+            lines.append(
+                f"| {x['rollouts_per_row']} | 0-{x['latency_s']:g} | {x['budget_tokens']:,} | "
+                f"{a['utilisation']['median']:.0%}, {a['trained_tokens_per_s']['median']:,.0f} | "
+                f"{b['utilisation']['median']:.0%}, {b['trained_tokens_per_s']['median']:,.0f} | "
+                f"{sp['median']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f}) | "
+                f"{x['suspended_share']:.0%} |")
     return "\n".join(lines) + "\n"
 
 

@@ -66,6 +66,12 @@ def test_rows_fields(results):
             assert 0 < x[v]["utilisation"]["median"] <= 1 and x[v]["trained_tokens"] > 0
         _stats(x["speedup"])
         assert x["identical_rollouts"] is True   # each rollout samples its own stream
+    assert {x["latency_s"] > 0 for x in r["budget"]} == {False, True}
+    for x in r["budget"]:
+        for v in ("off", "on"):
+            _stats(x[v]["trained_tokens_per_s"])
+            assert 0 < x[v]["utilisation"]["median"] <= 1
+        assert x["budget_tokens"] > 0 and 0 <= x["suspended_share"] <= 1
 
 
 def test_rollout_fields(results):

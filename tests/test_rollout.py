@@ -616,21 +616,23 @@ def test_a_scripted_expert_summary_cut_at_its_budget_is_said_once():
 
 
 def _phases(actor_for, make, tasks, fmt, cfg, *, budget, group=2, rows=4, json_trip=True,
-            restart=None):
+            restart=None, envs=None):
     """Rollouts run under a token budget a phase at a time (each phase: the suspended first,
     version = the phase's number) until all ended; the suspended go through JSON between
     phases, as through a checkpoint. restart(item, phase) -> bool: start it over instead.
-    Returns ({(group, sample): rollout}, the suspended count of each phase)."""
+    Returns ({(group, sample): rollout}, each phase's count of suspended rollouts that had
+    started)."""
     import json
 
     items = [Suspended(t, gi, s) for gi, t in enumerate(tasks) for s in range(group)]
     done, counts, phase = {}, [], 0
     while items:
         got, items, stats = rollout_phase(actor_for(), make, items, fmt, cfg, group_size=group,
-                                          rows=rows, budget_tokens=budget, version=phase)
+                                          rows=rows, budget_tokens=budget, version=phase,
+                                          envs=envs)
         assert stats["generated_tokens"] >= budget or not items
         done.update(got)
-        counts.append(len(items))
+        counts.append(sum(x.state is not None for x in items))   # started, to resume
         if json_trip:
             items = [Suspended.from_json(json.loads(json.dumps(x.to_json()))) for x in items]
         if restart:
@@ -641,19 +643,30 @@ def _phases(actor_for, make, tasks, fmt, cfg, *, budget, group=2, rows=4, json_t
     return done, counts
 
 
-@pytest.mark.parametrize("name", ["fncall/tallest", "fncall/pages"])
-def test_rollouts_cut_at_a_token_budget_resume_to_the_straight_rollouts(fmt, name):
+@pytest.mark.parametrize("name,keep", [("fncall/tallest", False), ("fncall/pages", False),
+                                       ("fncall/pages", True)])
+def test_rollouts_cut_at_a_token_budget_resume_to_the_straight_rollouts(fmt, name, keep):
     """Cut at a token budget and resumed in later phases (a fresh environment each time, the
-    actions replayed into it; the state through JSON), a scripted actor's rollouts are the
+    actions replayed into it, or with `envs` the suspended rollout's own environment where
+    no call touched it since; the state through JSON), a scripted actor's rollouts are the
     rollouts run straight: transcripts, rows and rewards; each token's phase is recorded
     (Rollout.versions) and sums to the generated tokens."""
     cfg = ContextConfig("supo", 1350, max_steps=60, max_summaries=6, max_summary_tokens=200)
     tasks = [t for size in (4, 9, 14) for t in make_tasks(name, "train", 1, seed=size, size=size)]
     straight = run_rollouts(ScriptedActor(expert_for(name), fmt), _jittery(name, 0), tasks,
                             fmt, cfg, group_size=2, rows=4)
-    done, counts = _phases(lambda: ScriptedActor(expert_for(name), fmt), _jittery(name, 1),
-                           tasks, fmt, cfg, budget=300)
+    built = []
+
+    def make():
+        built.append(1)
+        return _jittery(name, 1)()
+    envs = {} if keep else None
+    done, counts = _phases(lambda: ScriptedActor(expert_for(name), fmt), make, tasks, fmt, cfg,
+                           budget=300, envs=envs)
     assert len(counts) >= 3 and max(counts) > 0
+    # one environment a rollout, and one a resume unless its own was kept
+    assert (len(built) < len(straight) + sum(counts)) == keep
+    assert len(built) <= len(straight) + sum(counts)
     for a in straight:
         b = done[(a.group_id, a.sample)]
         assert b.transcript == a.transcript and b.segments == a.segments

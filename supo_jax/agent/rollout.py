@@ -450,12 +450,15 @@ class _Driver:
 
     def __init__(self, actor, summarizer, make_env, items, fmt, cfg, *, group_size, rows,
                  env_timeout_s, env_workers, progress, peers, rounds=False, budget_tokens=0,
-                 version=0, reproducible=False):
+                 version=0, reproducible=False, envs=None):
         self.actor = streaming(actor)
         self.summarizer = (streaming(summarizer) if cfg.manager == "frozen_summarizer"
                            else self.actor)
         self.make_env, self.peers, self.rounds = make_env, peers, rounds
         self.reproducible = reproducible
+        # (group, sample) -> the live environment of a suspended rollout in this process,
+        # kept across phases (a resume on this process then replays nothing)
+        self.envs = {} if envs is None else envs
         self.group_size = group_size
         self.fmt, self.cfg, self.timeout, self.progress = fmt, cfg, env_timeout_s, progress
         self.queue: list[Suspended] = list(items)[::-1]
@@ -483,6 +486,9 @@ class _Driver:
         rollouts not started wait too; all in `suspended`, in (group, sample) order."""
         out = [self.active[slot].suspend(in_flight=slot in self.generating or slot in self.ended)
                for slot in self.active]
+        for slot, r in self.active.items():    # an environment with no call made on it since
+            if r.env is not None and slot not in self.ended and slot not in self.calls:
+                self.envs[(r.group_id, r.sample)] = r.env
         self.discarded += sum(len(g.tokens) for g in self.ended.values()) + sum(
             getattr(a, "in_flight", lambda: 0)() for a in {id(a): a for a in (
                 self.actor, self.summarizer)}.values())
@@ -522,9 +528,12 @@ class _Driver:
             item = self.queue.pop()
             slot = self.free.pop()
             self.starting[slot] = item
+            kept = self.envs.pop((item.group_id, item.sample), None)
             if self.peers.owns(slot):
                 if item.state is None:
                     self._call(slot, "reset", self._reset, item.task)
+                elif kept is not None:
+                    self._call(slot, "reset", lambda env: (env, ["resumed"]), kept)
                 else:
                     self._call(slot, "reset", self._replay, item, calls=1 + len(item.actions))
 
@@ -807,21 +816,24 @@ def rollout_phase(actor: Actor, make_env: Callable[[], object], items: Sequence[
                   budget_tokens: int = 0, version: int = 0, summarizer: Actor | None = None,
                   env_timeout_s: float = 30.0, env_workers: int | None = None,
                   progress: Callable[[int], None] | None = None, peers: Peers | None = None,
-                  rounds: bool = False, reproducible: bool = False
+                  rounds: bool = False, reproducible: bool = False, envs: dict | None = None
                   ) -> tuple[dict[tuple[int, int], Rollout], list[Suspended], dict]:
     """run_rollouts over rollouts to start or resume (`items`, started in their order; a
     rollout's random stream is group_id x group_size + sample, so (group, sample) pairs are
     distinct). budget_tokens > 0: once the generations that ended have that many tokens, the
     rollouts not ended are cut (_Driver.cut) and returned to go on in a later phase.
     version: the policy version (the trainer's updates so far) their new tokens are tagged
-    with (Rollout.versions). Returns ({(group, sample): ended rollout}, the suspended,
+    with (Rollout.versions). envs: a dict the caller passes to every phase: the environments
+    of rollouts suspended in this process that no call has touched since are kept in it, and a
+    resume on this process takes its own back instead of replaying its actions into a new
+    one. Returns ({(group, sample): ended rollout}, the suspended,
     {"generated_tokens", "discarded_tokens"})."""
     if cfg.manager == "frozen_summarizer" and summarizer is None:
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
     d = _Driver(actor, summarizer, make_env, items, fmt, cfg, group_size=group_size, rows=rows,
                 env_timeout_s=env_timeout_s, env_workers=env_workers, progress=progress,
                 peers=peers or OneProcess(), rounds=rounds, budget_tokens=budget_tokens,
-                version=version, reproducible=reproducible)
+                version=version, reproducible=reproducible, envs=envs)
     try:
         while d.running():
             d.step()

@@ -87,7 +87,8 @@ def rollout_batch(policy: Policy, fmt: ChatFormat, cfg: Config, tasks: Sequence[
 def policy_rollouts(policy: Policy, fmt: ChatFormat, cfg: Config, items: Sequence[Suspended], *,
                     seed: int, context: ContextConfig | None = None, group_size: int,
                     sampling: SamplingParams | None = None, budget_tokens: int = 0,
-                    version: int = 0, progress: Callable[[int], object] | None = None):
+                    version: int = 0, progress: Callable[[int], object] | None = None,
+                    envs: dict | None = None):
     """rollout_batch's phase over rollouts to start or resume (agent.rollout.rollout_phase's
     result)."""
     from supo_jax.envs import make_env
@@ -102,7 +103,7 @@ def policy_rollouts(policy: Policy, fmt: ChatFormat, cfg: Config, items: Sequenc
     actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
     return rollout_phase(actor, lambda: make_env(cfg.env.name), items, fmt, ctx,
                          group_size=group_size, rows=rows, budget_tokens=budget_tokens,
-                         version=version, reproducible=r.reproducible,
+                         version=version, reproducible=r.reproducible, envs=envs,
                          env_timeout_s=cfg.env.timeout_s, progress=progress,
                          peers=ProcessPeers() if jax.process_count() > 1 else None)
 
@@ -257,6 +258,9 @@ class Run:
     # rollouts (Suspended.to_json) and the ended rollouts of unfinished groups (Rollout.to_json)
     carry: dict = dataclasses.field(default_factory=lambda: dict(
         task_position=0, next_group=0, suspended=[], ended=[]))
+    # the live environments of this process's suspended rollouts (rollout_phase's envs; not
+    # in the checkpoint: a resumed run replays their actions instead)
+    envs: dict = dataclasses.field(default_factory=dict)
 
 
 class Preempted(Exception):
@@ -524,7 +528,8 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
                        closing_line=False)
     done, suspended, stats = policy_rollouts(
         run.policy, run.fmt, cfg, items, seed=hash_seed(cfg.train.seed, step), group_size=G,
-        budget_tokens=r.budget_tokens, version=step, progress=bar.update if bar else None)
+        budget_tokens=r.budget_tokens, version=step, progress=bar.update if bar else None,
+        envs=run.envs)
     if bar:
         bar.close()
     ended = [done[k] for k in sorted(done)]
