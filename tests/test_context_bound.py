@@ -58,6 +58,9 @@ class _RandomActor:
                 n = rng.randint(0, 3 * self.cfg.max_observation_tokens)
                 text = '<tool_call>{"name": "go", "arguments": {"n": %d}}</tool_call>' % n
                 text += " pad" * rng.randint(0, self.cfg.max_action_tokens)
+                if self.cfg.manager == "state" and rng.random() < 0.8:   # a state block
+                    text = ("<state>" + " s" * rng.randint(0, 2 * self.cfg.max_action_tokens)
+                            + "</state>" + text)
             ids = self.fmt.encode(text) + [self.fmt.stop_id]
             ids = ids[:max(r.max_new, 0)]
             out.append(Generation(ids, [-1.0] * len(ids)))

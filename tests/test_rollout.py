@@ -733,3 +733,27 @@ def test_policy_rollouts_cut_and_resumed_under_the_same_weights_are_the_straight
         assert [s.tokens for s in b.segments] == [s.tokens for s in a.segments]
         for sa, sb in zip(a.segments, b.segments):
             np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_manager_keeps_the_latest_turn_and_the_expert_carries_its_state(fmt, family):
+    """context.manager=state (MEM1-style): the prompt asks for <state> blocks, every turn
+    after the second closes a row whose context is s1 + the previous turn and whose trained
+    tokens are the new action; the scripted expert, reading back its last state block, solves
+    tasks at a W where `full` runs out of context."""
+    name = f"fncall/{family}"
+    W = 1350
+    ro = _run(fmt, name, ContextConfig("state", W, max_steps=200, max_action_tokens=400))
+    full = _run(fmt, name, ContextConfig("full", W, max_steps=200))
+    assert all(r.reason == "answer" and r.reward == 1.0 for r in ro), [r.reason for r in ro]
+    assert any(r.reason == "context_limit" for r in full)
+    for r in ro:
+        assert "<state></state>" in r.transcript[0 if r.transcript[0]["role"] == "user" else 1][
+            "content"]
+        assert r.counters["states"] == r.counters["steps"]      # every reply carried one
+        # a row a turn from the second on (the first row holds the first two actions)
+        assert len(r.segments) == r.counters["steps"] - 1 >= 2
+        for s in r.segments[1:]:
+            assert len(s) <= W
+            ctx = s.mask.index(1)
+            assert sum(s.mask) == len(s) - ctx      # the action alone is trained, at the end

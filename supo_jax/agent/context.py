@@ -44,6 +44,13 @@ Managers (ContextConfig.manager):
                      rollout (context_limit).
   truncate           drop the oldest turns until the context fits below L.
   window             keep only the last `window_turns` turns.
+  state              MEM1-style per-turn state: the task prompt asks every reply to begin
+                     with <state></state> (STATE_INSTRUCTION); after every turn the context
+                     is s1 + the latest action + its observation (window with one turn,
+                     every turn): each turn closes a row whose action (state and call) is
+                     trained. A reply without a state block is kept as written (the agent
+                     has then lost what it did not restate; `states` counts the blocks);
+                     a latest turn that alone reaches L ends the rollout (context_limit).
   clear              tool-result clearing: the oldest observations are replaced by a
                      short placeholder (CLEARED) until the context fits below L;
                      nothing is trained differently (a context cleared starts a new
@@ -59,9 +66,9 @@ import dataclasses
 from typing import NamedTuple, Sequence
 
 from supo_jax.agent.render import ChatFormat
-from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
+from supo_jax.text.templates import CONTINUATION, STATE_INSTRUCTION, SUMMARY_INSTRUCTION
 
-MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear")
+MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear", "state")
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
@@ -89,6 +96,7 @@ class ContextConfig:
     show_dropped_to_summarizer: bool = False
     window_turns: int = 4
     summary_counts_as_step: bool = True
+    state_instruction: str = STATE_INSTRUCTION   # state: appended to the task prompt
 
     def __post_init__(self):
         if self.manager not in MANAGERS:
@@ -195,6 +203,7 @@ class RolloutState:
     turns: tuple[tuple[int, int], ...] = ()   # (start, end) of each action+observation in tokens
     obs_starts: tuple[int, ...] = ()   # where each turn's observation starts in tokens
     cleared: int = 0                   # clear: the oldest turns whose tool results are cleared
+    states: int = 0                    # state: the actions that carried a <state> block
     results_cleared: int = 0           # clear: tool results replaced by CLEARED
     last_role: str = "user"            # role of the turn that closes `tokens`
     messages: tuple[dict, ...] = ()    # the working context as chat messages
@@ -313,6 +322,11 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     role "user" when the observation is a new user request (kept after a summary restart).
     Below the manager's limit the context just grows; at it, _ON_LIMIT[cfg.manager] acts."""
     with_action = _append_action(fmt, state, action, tool_call and not done)
+    if cfg.manager == "state":
+        from supo_jax.text.parsing import extract_state
+
+        with_action = dataclasses.replace(
+            with_action, states=state.states + (extract_state(action.text) is not None))
     if done:
         return finish(with_action, "answer", reward)
     grown = _append_observation(fmt, state, with_action, action, observation, role)
@@ -351,7 +365,8 @@ def _append_observation(fmt: ChatFormat, state: RolloutState, with_action: Rollo
 
 def _at_limit(cfg: ContextConfig, grown: RolloutState, limit: int) -> bool:
     """Whether the manager acts: the context reached L (window: or holds > window_turns turns)."""
-    too_many_turns = cfg.manager == "window" and len(grown.turns) > cfg.window_turns
+    too_many_turns = (cfg.manager == "window" and len(grown.turns) > cfg.window_turns
+                      or cfg.manager == "state" and len(grown.turns) > 1)
     return too_many_turns or grown.context_len >= limit
 
 
@@ -407,11 +422,13 @@ def _end_dropping(a: _Applied, dropped: tuple[Segment, ...], reason: str) -> Rol
 
 
 def _cut(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
-    """truncate/window: drop the oldest turns (window: all but the last window_turns) until the
-    context is below L; the cut context starts a new segment."""
+    """truncate/window/state: drop the oldest turns (window: all but the last window_turns;
+    state: all but the last) until the context is below L; the cut context starts a new
+    segment. state: a last turn that alone reaches L ends the rollout."""
     state, end = a.grown, a.end
     turns = list(zip(state.turns, state.obs_starts))
-    keep = turns[-cfg.window_turns:] if cfg.manager == "window" else turns
+    last = {"window": cfg.window_turns, "state": 1}.get(cfg.manager)
+    keep = turns[-last:] if last else turns
     start_len = len(state.prefix)
 
     def size(ts):
@@ -419,7 +436,7 @@ def _cut(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Rollou
 
     while keep and size(keep) >= limit:
         keep = keep[1:]
-    if not keep and size(keep) >= limit:
+    if not keep and (size(keep) >= limit or cfg.manager == "state"):
         return finish(state, "context_limit", end=end)
     segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())
     toks, new_turns, obs = state.prefix, [], []
@@ -483,7 +500,7 @@ def _clear(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Roll
 
 # what each manager does when the context reaches its limit (after_action)
 _ON_LIMIT = {"full": _end_at_limit, "truncate": _cut, "window": _cut, "supo": _summarize,
-             "frozen_summarizer": _summarize, "clear": _clear}
+             "frozen_summarizer": _summarize, "clear": _clear, "state": _cut}
 assert set(_ON_LIMIT) == set(MANAGERS)
 
 

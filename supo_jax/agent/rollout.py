@@ -405,6 +405,8 @@ def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
 
 def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
            tools: list[dict]) -> RolloutState:
+    if cfg.manager == "state":
+        prompt = f"{prompt}\n\n{cfg.state_instruction}"
     msgs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     state = initial_state(fmt, msgs, tools)
@@ -511,7 +513,7 @@ class _Driver:
                           summary_lengths=list(st.summary_lengths),
                           max_context=st.max_context, segments=len(st.segments),
                           effective_context=st.effective_context,
-                          cleared=st.results_cleared))
+                          cleared=st.results_cleared, states=st.states))
         del self.active[row.slot]
         self.free.append(row.slot)
         if self.progress:
@@ -870,6 +872,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "tool_calls_mean": sum(r.counters["tool_calls"] for r in rollouts) / n,
         "summaries_mean": sum(r.counters["summaries"] for r in rollouts) / n,
         "cleared_mean": sum(r.counters.get("cleared", 0) for r in rollouts) / n,
+        "states_mean": sum(r.counters.get("states", 0) for r in rollouts) / n,
         "p_summary": len(with_sum) / n,
         "p_success_given_summary": (sum(r.reward > 0 for r in with_sum) / len(with_sum)
                                     if with_sum else float("nan")),

@@ -26,7 +26,7 @@ import random
 from typing import Callable
 
 from supo_jax.text.parsing import format_tool_call
-from supo_jax.text.reading import continuation_marker, read_context
+from supo_jax.text.reading import asks_for_state, continuation_marker, read_context
 from supo_jax.text.templates import CONTINUATION
 
 _EXPERTS: dict[str, tuple[Callable, bool]] = {}
@@ -82,7 +82,9 @@ class StateExpert:
 
     act() rebuilds the state from the working context on every call: start(prompt), then
     the previous summary's state (the JSON after "State:"), then update() over the
-    observations since. A summary states the whole state as JSON (with probability
+    observations since (with context.manager=state, the last reply's <state> block stands
+    for the summary, and every reply begins with one: the summary text of the state before
+    its call). A summary states the whole state as JSON (with probability
     summary_drop one key is left out on purpose: a resumed expert then takes that key
     from start()). Override summary(state, decision) for another summary text (and
     parse_summary(text) to read it back).
@@ -140,4 +142,7 @@ class StateExpert:
         if summarize:
             return f"<summary>{self.summary(state, decision)}</summary>"
         thought, name, args = decision
-        return f"{thought}\n{format_tool_call(name, args)}".lstrip()
+        call = f"{thought}\n{format_tool_call(name, args)}".lstrip()
+        if asks_for_state(messages):
+            return f"<state>{self.summary(state, decision)}</state>\n{call}"
+        return call

@@ -290,13 +290,23 @@ def parse_action(text: str, tools: dict[str, dict], answer_tool: str = "finish",
 
 def extract_summary(text: str) -> str | None:
     """Content of the last complete <summary>...</summary> in text, stripped; None if none."""
+    return extract_tagged(text, _SUMMARY_OPEN, _SUMMARY_CLOSE)
+
+
+def extract_state(text: str) -> str | None:
+    """Content of the last complete <state>...</state> in text (the state manager's block),
+    stripped; None if none."""
+    return extract_tagged(text, "<state>", "</state>")
+
+
+def extract_tagged(text: str, open_tag: str, close_tag: str) -> str | None:
     if not isinstance(text, str):
         return None
-    end = text.rfind(_SUMMARY_CLOSE)
+    end = text.rfind(close_tag)
     if end < 0:
         return None
-    start = text.rfind(_SUMMARY_OPEN, 0, end)
-    return None if start < 0 else text[start + len(_SUMMARY_OPEN):end].strip()
+    start = text.rfind(open_tag, 0, end)
+    return None if start < 0 else text[start + len(open_tag):end].strip()
 
 
 def format_tool_call(name: str, arguments: dict) -> str:

@@ -1,8 +1,9 @@
 """Reading a working context (chat dicts: user / assistant / tool) as a scripted policy does:
-the task prompt, the previous summary and the tool observations since it."""
+the task prompt, the previous summary (or the state manager's last <state> block) and the
+tool observations since it."""
 from __future__ import annotations
 
-from supo_jax.text.parsing import extract_summary
+from supo_jax.text.parsing import extract_state, extract_summary
 from supo_jax.text.templates import CONTINUATION
 
 MAX_SUMMARY_CHARS = 20_000  # a reader looks at most this much of a summary
@@ -38,5 +39,19 @@ def read_context(messages: list[dict], marker: str) -> tuple[str, str | None, li
         after = after[:MAX_SUMMARY_CHARS]
         summary = extract_summary(after)
         summary = after.strip() if summary is None else summary
+    if summary is None:      # context.manager=state: the last reply's <state> block
+        held = [i for i in range(anchor + 1, len(messages))
+                if messages[i].get("role") == "assistant"
+                and extract_state(messages[i].get("content")) is not None]
+        if held:
+            anchor = held[-1]
+            summary = extract_state(messages[anchor]["content"][-MAX_SUMMARY_CHARS:])
     obs = [m["content"] for m in messages[anchor + 1:] if m.get("role") == "tool"]
     return prompt, summary, obs
+
+
+def asks_for_state(messages: list[dict]) -> bool:
+    """Whether the task prompt (the first user message) asks every reply to begin with a
+    <state></state> block (context.manager=state: STATE_INSTRUCTION)."""
+    users = [m for m in messages if m.get("role") == "user"]
+    return bool(users) and "<state></state>" in str(users[0].get("content"))

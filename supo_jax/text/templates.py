@@ -10,6 +10,13 @@ SUMMARY_INSTRUCTION = (
 # A short instruction for small CPU-scale policies, whose rows must stay short.
 SHORT_SUMMARY_INSTRUCTION = "Context full. Summarize the state in <summary></summary>, no tool call."
 
+# The state manager (MEM1-style): appended to the task prompt; the context keeps only the task,
+# the latest reply and its result, so the reply must carry what the agent needs to remember.
+STATE_INSTRUCTION = (
+    "Only the task, your latest reply and its result stay in view. Begin every reply with "
+    "<state></state> holding everything you need to remember (what is known, what is done, "
+    "what to do next), then call a tool.")
+
 # A user turn placed right after the initial prompt s1 (which already holds the task), so the
 # restarted context is s1 + this turn. "{prompt}" may also be used to repeat the task.
 CONTINUATION = "We are in the following stage of solving the problem:\n<summary>\n{summary}\n</summary>"

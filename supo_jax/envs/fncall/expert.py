@@ -6,7 +6,7 @@ import random
 from supo_jax.envs.fncall.common import format_state
 from supo_jax.envs.fncall.suite import FAMILY_ENVS
 from supo_jax.text.parsing import format_tool_call, quote
-from supo_jax.text.reading import continuation_marker, read_context
+from supo_jax.text.reading import asks_for_state, continuation_marker, read_context
 from supo_jax.text.templates import CONTINUATION
 
 
@@ -21,6 +21,8 @@ class Expert:
     summary states, then advanced by the "tool" messages after the anchor.
     summarize=True returns "<summary>...</summary>"; with probability summary_drop one state
     key is left out on purpose (a resumed expert then takes that key's initial value).
+    Where the prompt asks for <state></state> blocks (context.manager=state), every action
+    begins with one (the summary's text; the last one read back as the summary).
     """
 
     def __init__(self, families=tuple(FAMILY_ENVS.values()), summary_drop: float = 0.0,
@@ -45,7 +47,12 @@ class Expert:
             s = fam.repair(p, fam.update(p, s, o))
         thought, name, args = fam.decide(p, s)
         if not summarize:
-            return f"{thought}\n{format_tool_call(name, args)}"
+            call = f"{thought}\n{format_tool_call(name, args)}"
+            if asks_for_state(messages):
+                todo = f"{name}({', '.join(repr(v) for v in args.values())})"
+                return (f"<state>State: {format_state(s, fam.state_keys)}. Next: {todo}."
+                        f"</state>\n{call}")
+            return call
         keys = list(fam.state_keys)
         if self.summary_drop > 0 and self.rng.random() < self.summary_drop:
             keys.remove(self.rng.choice(keys))
