@@ -98,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--max-turns", type=int, default=16)
     ap.add_argument("--action-tokens", type=int, default=32)
     ap.add_argument("--decode-chunk", type=int, default=16)
-    ap.add_argument("--phases", type=int, default=4, help="phases of the budget comparison")
+    ap.add_argument("--phases", type=int, default=8, help="phases of the budget comparison")
     ap.add_argument("--budget-share", type=float, default=0.5,
                     help="the budget: this share of an unbudgeted phase's generated tokens")
     args = ap.parse_args(argv)

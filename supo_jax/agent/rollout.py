@@ -125,10 +125,6 @@ class PolicyActor:
     def busy(self) -> bool:
         return bool(self.sampler.generating)
 
-    def in_flight(self) -> int:
-        """Tokens generated so far by the rows still generating."""
-        return sum(len(v[0].tokens) for v in self.sampler.generating.values())
-
     def advance(self) -> dict[int, Generation]:
         """One decode call over the generating rows (at most the sampler's decode_chunk
         steps); {row: Generation} of those that ended in it."""
@@ -372,14 +368,12 @@ class _Row:
         else:
             self.versions.append([version, n])
 
-    def suspend(self, in_flight: bool) -> Suspended:
-        """This row as it stands after its last applied outcome: a generation in flight, or
-        an action whose environment step has not been applied, is left out, and its stream
-        number with it (under unchanged weights and key, the resumed row draws it again)."""
+    def suspend(self) -> Suspended:
+        """This row, waiting for the model after its last complete turn."""
         return Suspended(self.task, self.group_id, self.sample, state_to_json(self.state),
                          list(self.transcript), list(self.summaries), list(self.probes),
                          [list(a) for a in self.actions], dict(self.env_info),
-                         self.generations - in_flight, [list(v) for v in self.versions])
+                         self.generations, [list(v) for v in self.versions])
 
     @classmethod
     def resumed(cls, slot: int, s: Suspended, env) -> _Row:
@@ -475,29 +469,24 @@ class _Driver:
         self.pool = EnvPool(env_workers or rows)
         # rollout.budget_tokens: the generated tokens after which the rollouts left are cut
         self.budget, self.version = budget_tokens, version
-        self.generated = self.discarded = 0        # tokens generated, and those cut away
+        self.generated = 0                         # tokens of the generations that ended
         self.suspended: list[Suspended] | None = None   # set by the cut
 
     def running(self) -> bool:
         return self.suspended is None and bool(self.queue or self.active or self.starting)
 
     def cut(self) -> None:
-        """The step's token budget is spent: every rollout not ended stops where it stands
-        after its last applied outcome (its generation in flight or its action waiting for
-        the environment is dropped: `discarded` counts the dropped actions' tokens), and the
-        rollouts not started wait too; all in `suspended`, in (group, sample) order."""
-        out = [self.active[slot].suspend(in_flight=slot in self.generating or slot in self.ended)
-               for slot in self.active]
-        for slot, r in self.active.items():    # an environment with no call made on it since
-            if r.env is not None and slot not in self.ended and slot not in self.calls:
+        """The step's token budget is spent and the turns in flight have ended (step drains
+        them: nothing generating, no environment call out): every rollout not ended stops
+        at its last complete turn, waiting for the model, with the rollouts not started; all
+        in `suspended`, in (group, sample) order. Their environments stay in `envs`."""
+        assert not (self.generating or self.ended or self.starting or self.calls)
+        out = [r.suspend() for r in self.active.values()]
+        for r in self.active.values():
+            if r.env is not None:
                 self.envs[(r.group_id, r.sample)] = r.env
-        self.discarded += sum(len(g.tokens) for g in self.ended.values()) + sum(
-            getattr(a, "in_flight", lambda: 0)() for a in {id(a): a for a in (
-                self.actor, self.summarizer)}.values())
-        out += list(self.starting.values()) + self.queue
-        for _, f, _ in self.calls.values():
-            self.pool.abandon(f)
-        self.active, self.starting, self.queue, self.calls, self.ended = {}, {}, [], {}, {}
+        self.active, out = {}, out + self.queue
+        self.queue = []
         self.suspended = sorted(out, key=lambda x: (x.group_id, x.sample))
 
     def close(self, row: _Row) -> None:
@@ -758,14 +747,18 @@ class _Driver:
         decode batch, one decode call, ended rows' environment calls go to the pool, the
         outcomes back by now are shared between processes and applied. In rounds mode, the
         starts' resets are waited for and applied first, and every call runs to its end.
-        With the step's token budget spent: the cut, instead."""
-        if self.budget and self.generated >= self.budget:
+        With the step's token budget spent, nothing starts (no rollout, no generation) and
+        the turns in flight run to their end (their generations, then their environment
+        calls); then the cut."""
+        spent = self.budget and self.generated >= self.budget   # alike on every process
+        if spent and not (self.generating or self.ended or self.starting):
             self.cut()
             return
-        self.start_rows()
-        if self.rounds and self.starting:
-            self.apply(self.peers.merge(self.collect(wait=True)))
-        self.submit_ready()
+        if not spent:
+            self.start_rows()
+            if self.rounds and self.starting:
+                self.apply(self.peers.merge(self.collect(wait=True)))
+            self.submit_ready()
         t0, made = time.perf_counter(), len(self.calls)
         self.advance()
         busy = self.actor.busy() or self.summarizer.busy()   # the same on every process
@@ -822,14 +815,15 @@ def rollout_phase(actor: Actor, make_env: Callable[[], object], items: Sequence[
                   ) -> tuple[dict[tuple[int, int], Rollout], list[Suspended], dict]:
     """run_rollouts over rollouts to start or resume (`items`, started in their order; a
     rollout's random stream is group_id x group_size + sample, so (group, sample) pairs are
-    distinct). budget_tokens > 0: once the generations that ended have that many tokens, the
-    rollouts not ended are cut (_Driver.cut) and returned to go on in a later phase.
+    distinct). budget_tokens > 0: once the generations that ended have that many tokens,
+    nothing new starts, the turns in flight end, and the rollouts not ended are cut
+    (_Driver.cut) and returned to go on in a later phase.
     version: the policy version (the trainer's updates so far) their new tokens are tagged
     with (Rollout.versions). envs: a dict the caller passes to every phase: the environments
     of rollouts suspended in this process that no call has touched since are kept in it, and a
     resume on this process takes its own back instead of replaying its actions into a new
     one. Returns ({(group, sample): ended rollout}, the suspended,
-    {"generated_tokens", "discarded_tokens"})."""
+    {"generated_tokens"})."""
     if cfg.manager == "frozen_summarizer" and summarizer is None:
         raise ValueError("context manager frozen_summarizer needs a summarizer actor")
     d = _Driver(actor, summarizer, make_env, items, fmt, cfg, group_size=group_size, rows=rows,
@@ -841,8 +835,7 @@ def rollout_phase(actor: Actor, make_env: Callable[[], object], items: Sequence[
             d.step()
     finally:
         d.pool.shutdown()
-    return d.results, d.suspended or [], {"generated_tokens": d.generated,
-                                          "discarded_tokens": d.discarded}
+    return d.results, d.suspended or [], {"generated_tokens": d.generated}
 
 
 def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:

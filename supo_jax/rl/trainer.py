@@ -507,7 +507,7 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
     at the budget (rollout_phase). A group trains in the step in which its last rollout
     ends. Returns (the rollouts that ended in this step, the rollouts of the groups it
     completed, metrics: rollouts_suspended / resumed / restarted, groups_completed, the
-    trained rollouts' staleness in updates, the tokens cut away)."""
+    trained rollouts' staleness in updates)."""
     cfg, c = run.cfg, run.carry
     r, G = cfg.rollout, cfg.rollout.group_size
     items, resumed, restarted = [], 0, 0
@@ -547,7 +547,7 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
         "rollouts_suspended": len(suspended), "rollouts_resumed": resumed,
         "rollouts_restarted": restarted, "groups_completed": len(complete),
         "staleness_mean": float(np.mean(stale)) if stale else 0.0,
-        "staleness_max": max(stale, default=0), "tokens_discarded": stats["discarded_tokens"]}
+        "staleness_max": max(stale, default=0)}
 
 
 def run_advantages(run: Run, rollouts: Sequence[Rollout]) -> Advantages:
