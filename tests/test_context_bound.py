@@ -52,6 +52,11 @@ class _RandomActor:
             rng = self.rng
             if r.summarize:
                 text = "<summary>" + " s" * rng.randint(0, 3 * self.cfg.max_summary_tokens) + "</summary>"
+            elif self.cfg.manager == "fold" and rng.random() < 0.3:   # branch / return
+                text = ('<tool_call>{"name": "branch", "arguments": {"description": "d"}}'
+                        '</tool_call>' if rng.random() < 0.5 else
+                        '<tool_call>{"name": "return", "arguments": {"message": "%s"}}'
+                        '</tool_call>' % (" m" * rng.randint(0, 3 * self.cfg.max_observation_tokens)))
             elif rng.random() < 0.05:
                 text = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
             else:

@@ -757,3 +757,95 @@ def test_state_manager_keeps_the_latest_turn_and_the_expert_carries_its_state(fm
             assert len(s) <= W
             ctx = s.mask.index(1)
             assert sum(s.mask) == len(s) - ctx      # the action alone is trained, at the end
+
+
+class _Shelf(Environment):
+    """look(i) reads item i (its value is i * 10); finish(total) ends with reward 1 when the
+    total is right (the sum of items 1-3)."""
+    tools = (ToolSpec("look", "read an item", {"type": "object", "properties": {
+                 "i": {"type": "integer"}}, "required": ["i"]}),
+             ToolSpec("finish", "answer", {"type": "object", "properties": {
+                 "total": {"type": "integer"}}, "required": ["total"]}))
+
+    def reset(self, task):
+        return Reset("Add the values of items 1, 2 and 3. " + "Note. " * 40, list(self.tools))
+
+    def step(self, name, arguments):
+        if name == "finish":
+            return StepResult("", done=True, reward=float(arguments["total"] == 60))
+        return StepResult(f"item {arguments['i']}: value {arguments['i'] * 10}")
+
+
+class _Folder:
+    """A scripted policy for context folding: opens a branch, looks at items 1-3 in it (a
+    bad call first where `misuse`: a return outside a branch, then a branch inside the
+    branch), returns their total, then finishes with the total the return message holds."""
+
+    def __init__(self, misuse=False):
+        self.misuse = misuse
+
+    def act(self, messages, summarize=False):
+        import json
+        import re
+
+        call = lambda n, a: f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>"
+        tools = [m["content"] for m in messages if m["role"] == "tool"]
+        folded = [t for t in tools if t.startswith("total ")]
+        if folded:
+            return call("finish", {"total": int(folded[-1].split()[1])})
+        if self.misuse and not any(t.startswith("error: no branch") for t in tools):
+            return call("return", {"message": "too early"})
+        if not any(t.startswith("Branch opened") for t in tools):
+            return call("branch", {"description": "read the items"})
+        if self.misuse and not any(t.startswith("error: a branch is open") for t in tools):
+            return call("branch", {"description": "again"})
+        seen = [int(v) for t in tools for v in re.findall(r"value (\d+)", t)]
+        if len(seen) < 3:
+            return call("look", {"i": len(seen) + 1})
+        return call("return", {"message": f"total {sum(seen)}"})
+
+
+@pytest.mark.parametrize("misuse", [False, True])
+def test_fold_manager_folds_a_branch_into_its_return_message(fmt, misuse):
+    """context.manager=fold: branch and return are shown as tools and run by the driver; on
+    return the branch's turns leave the context (the branch call and a tool turn with the
+    message stay), the row so far closes, and the rollout goes on from the folded context;
+    out-of-turn calls get error observations."""
+    cfg = ContextConfig("fold", 4000, max_steps=20)
+    ro = run_rollouts(ScriptedActor(_Folder(misuse), fmt), _Shelf, [{"task_id": "t"}], fmt, cfg,
+                      group_size=2, rows=2)
+    for r in ro:
+        assert r.reason == "answer" and r.reward == 1.0, r.transcript
+        assert r.counters["folds"] == 1 and len(r.segments) == 2
+        first, second = (fmt.tokenizer.decode(s.tokens) for s in r.segments)
+        assert "value 30" in first and '"return"' in first
+        assert "value 10" not in second and "total 60" in second and '"branch"' in second
+        assert second.count("<tool_call>") >= 2 and '"finish"' in second
+        errors = [m["content"] for m in r.transcript if m.get("fold") and
+                  m["content"].startswith("error")]
+        assert len(errors) == (2 if misuse else 0)
+    # the tools shown include branch and return
+    assert '"branch"' in fmt.tokenizer.decode(ro[0].segments[0].tokens[:400])
+
+
+def test_fold_closes_a_branch_that_reaches_the_limit(fmt):
+    """A branch that reaches L is folded with FORCED_RETURN (its last action closes a row) and
+    the rollout goes on from the main thread."""
+    from supo_jax.agent.context import FORCED_RETURN
+
+    class Looker(_Folder):
+        def act(self, messages, summarize=False):
+            import json
+            if any(m["content"] == FORCED_RETURN for m in messages if m["role"] == "tool"):
+                return ('<tool_call>{"name": "finish", "arguments": {"total": 60}}'
+                        '</tool_call>')
+            if not any(m["content"].startswith("Branch opened") for m in messages
+                       if m["role"] == "tool"):
+                return '<tool_call>{"name": "branch", "arguments": {"description": "x"}}</tool_call>'
+            return '<tool_call>%s</tool_call>' % json.dumps({"name": "look", "arguments": {"i": 1}})
+    cfg = ContextConfig("fold", 1500, max_steps=60)
+    (r,) = run_rollouts(ScriptedActor(Looker(), fmt), _Shelf, [{"task_id": "t"}], fmt, cfg,
+                        rows=1)
+    assert r.reason == "answer" and r.counters["folds"] == 1 and len(r.segments) == 2
+    assert all(len(s) <= 1500 for s in r.segments)
+    assert r.counters["steps"] > 5

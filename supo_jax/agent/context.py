@@ -51,6 +51,16 @@ Managers (ContextConfig.manager):
                      trained. A reply without a state block is kept as written (the agent
                      has then lost what it did not restate; `states` counts the blocks);
                      a latest turn that alone reaches L ends the rollout (context_limit).
+  fold               context folding (FoldGRPO-style): the tools shown gain `branch` and
+                     `return` (FOLD_TOOLS; the rollout driver runs them, not the
+                     environment). branch(description) opens a sub-task whose turns
+                     follow in the context; return(message) replaces the branch's
+                     turns by the branch call and a tool turn holding the message, and
+                     closes a row (the rows share the rollout's advantage). One level:
+                     a branch inside a branch, a return outside one, or a branch past
+                     max_branches is an error observation. At L inside a branch the
+                     branch is folded with FORCED_RETURN; at L in the main thread the
+                     rollout ends (context_limit).
   clear              tool-result clearing: the oldest observations are replaced by a
                      short placeholder (CLEARED) until the context fits below L;
                      nothing is trained differently (a context cleared starts a new
@@ -68,7 +78,20 @@ from typing import NamedTuple, Sequence
 from supo_jax.agent.render import ChatFormat
 from supo_jax.text.templates import CONTINUATION, STATE_INSTRUCTION, SUMMARY_INSTRUCTION
 
-MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear", "state")
+MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear", "state", "fold")
+# fold: the tools the driver adds (OpenAI / transformers chat-template tool dicts)
+FOLD_TOOLS = (
+    {"type": "function", "function": {
+        "name": "branch", "description": "Open a sub-task. Its turns leave the context when "
+        "you call return; only your return message stays.",
+        "parameters": {"type": "object", "properties": {"description": {"type": "string"}},
+                       "required": ["description"]}}},
+    {"type": "function", "function": {
+        "name": "return", "description": "Close the open sub-task with what it found.",
+        "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
+                       "required": ["message"]}}},
+)
+FORCED_RETURN = "[the branch reached the context limit and was closed]"
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
@@ -97,6 +120,7 @@ class ContextConfig:
     window_turns: int = 4
     summary_counts_as_step: bool = True
     state_instruction: str = STATE_INSTRUCTION   # state: appended to the task prompt
+    max_branches: int = 8                        # fold: branches a rollout may open
 
     def __post_init__(self):
         if self.manager not in MANAGERS:
@@ -204,6 +228,9 @@ class RolloutState:
     obs_starts: tuple[int, ...] = ()   # where each turn's observation starts in tokens
     cleared: int = 0                   # clear: the oldest turns whose tool results are cleared
     states: int = 0                    # state: the actions that carried a <state> block
+    # fold: the open branch as (its call's turn index, message index), () in the main thread
+    branch: tuple[int, ...] = ()
+    folds: int = 0                     # fold: branches opened
     results_cleared: int = 0           # clear: tool results replaced by CLEARED
     last_role: str = "user"            # role of the turn that closes `tokens`
     messages: tuple[dict, ...] = ()    # the working context as chat messages
@@ -498,9 +525,66 @@ def _clear(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Roll
     return finish(new, "max_steps", close=False) if state.steps >= cfg.max_steps else new
 
 
+def _fold_at_limit(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> RolloutState:
+    """fold: at L inside a branch, the branch folds with FORCED_RETURN (the last action closes
+    the row); in the main thread, or when even the folded context reaches L, the rollout
+    ends (context_limit)."""
+    if not a.grown.branch:
+        return finish(a.grown, "context_limit", end=a.end)
+    return _fold(cfg, fmt, a.with_action, FORCED_RETURN, limit)
+
+
+def _fold(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, message: str,
+          limit: int) -> RolloutState:
+    """The open branch folded: the context up to and including the branch call, then a tool
+    turn holding `message`; the row so far closes (state ends with its last action)."""
+    k, m = state.branch
+    (s, _), o = state.turns[k], state.obs_starts[k]
+    call = state.tokens[s:o]
+    obs = tuple(fmt.turn("assistant", "tool", message, call[len(fmt.gen_prompt):]))
+    toks = state.tokens[:o] + obs
+    segs = state.segments + ((_segment(state),) if any(state.mask) else ())
+    new = dataclasses.replace(
+        state, segments=segs, tokens=toks, mask=(0,) * len(toks), logprobs=(0.0,) * len(toks),
+        turns=state.turns[:k] + ((s, len(toks)),), obs_starts=state.obs_starts[:k] + (o,),
+        messages=state.messages[:m + 1] + ({"role": "tool", "content": message},),
+        last_role="tool", branch=(), attended=state.attended + state.segment_peak,
+        segment_peak=0)
+    if len(toks) >= limit:
+        return finish(new, "context_limit", close=False)
+    return finish(new, "max_steps", close=False) if new.steps >= cfg.max_steps else new
+
+
+def after_fold(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, action: Turn,
+               name: str, argument: str) -> RolloutState:
+    """fold: an action calling `branch` (argument: its description) or `return` (its
+    message). A branch opens (its call and an observation stay in the context); a return
+    folds the open branch (_fold); out of turn (a branch inside a branch, past
+    max_branches, a return outside a branch) the action gets an error observation."""
+    if name == "error":                  # a call of branch / return that does not validate
+        err = argument
+    elif name == "branch" and state.branch:
+        err = "error: a branch is open; call return before opening another"
+    elif name == "branch" and state.folds >= cfg.max_branches:
+        err = f"error: no branches left (context.max_branches = {cfg.max_branches})"
+    elif name == "return" and not state.branch:
+        err = "error: no branch is open"
+    else:
+        err = None
+    if err is not None or name == "branch":
+        out = after_action(cfg, fmt, state, action, err or f"Branch opened: {argument}", False,
+                           tool_call=True)
+        if err is None and out.phase == "act" and len(out.turns) == len(state.turns) + 1:
+            out = dataclasses.replace(out, branch=(len(state.turns), len(state.messages)),
+                                      folds=state.folds + 1)
+        return out
+    return _fold(cfg, fmt, _append_action(fmt, state, action, True), argument, cfg.limit(fmt))
+
+
 # what each manager does when the context reaches its limit (after_action)
 _ON_LIMIT = {"full": _end_at_limit, "truncate": _cut, "window": _cut, "supo": _summarize,
-             "frozen_summarizer": _summarize, "clear": _clear, "state": _cut}
+             "frozen_summarizer": _summarize, "clear": _clear, "state": _cut,
+             "fold": _fold_at_limit}
 assert set(_ON_LIMIT) == set(MANAGERS)
 
 

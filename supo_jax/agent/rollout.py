@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import jax
 import numpy as np
 
-from supo_jax.agent.context import (ENV_FAILURES, REASONS, ContextConfig, RolloutState, Segment,
-                                    Turn, after_action, after_summary, finish, initial_state,
+from supo_jax.agent.context import (ENV_FAILURES, FOLD_TOOLS, REASONS, ContextConfig,
+                                    RolloutState, Segment, Turn, after_action, after_fold,
+                                    after_summary, finish, initial_state,
                                     request_tokens, state_from_json, state_to_json)
 from supo_jax.agent.render import ChatFormat
 from supo_jax.model.policy import Policy
@@ -385,6 +386,24 @@ class _Row:
         return r
 
 
+_FOLD_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS}
+
+
+def _fold_call(text: str) -> tuple[str, str] | None:
+    """(branch | return, its description | message) where an action calls one of the fold
+    manager's tools, ("error", why) where it calls one wrongly, else None (an action for
+    the environment)."""
+    from supo_jax.text.parsing import parse_action
+
+    loose = {name: {"type": "object", "additionalProperties": True} for name in _FOLD_PARAMS}
+    if parse_action(text, loose, answer_tool="return").kind == "error":
+        return None
+    p = parse_action(text, _FOLD_PARAMS, answer_tool="return")
+    if p.kind == "error":
+        return "error", f"error: {p.error}"
+    return p.name, str(next(iter(p.arguments.values())))
+
+
 def _digest(out: list) -> str:
     """What an environment step returned (observation, done, reward, tool call, role), as a
     short digest: a resumed rollout's replay is checked against it."""
@@ -401,6 +420,8 @@ def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
            tools: list[dict]) -> RolloutState:
     if cfg.manager == "state":
         prompt = f"{prompt}\n\n{cfg.state_instruction}"
+    if cfg.manager == "fold":
+        tools = list(tools) + [dict(t) for t in FOLD_TOOLS]
     msgs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     state = initial_state(fmt, msgs, tools)
@@ -471,6 +492,7 @@ class _Driver:
         self.budget, self.version = budget_tokens, version
         self.generated = 0                         # tokens of the generations that ended
         self.suspended: list[Suspended] | None = None   # set by the cut
+        self.internal: dict[int, list] = {}     # slot -> the outcome of a fold tool call
 
     def running(self) -> bool:
         return self.suspended is None and bool(self.queue or self.active or self.starting)
@@ -502,7 +524,7 @@ class _Driver:
                           summary_lengths=list(st.summary_lengths),
                           max_context=st.max_context, segments=len(st.segments),
                           effective_context=st.effective_context,
-                          cleared=st.results_cleared, states=st.states))
+                          cleared=st.results_cleared, states=st.states, folds=st.folds))
         del self.active[row.slot]
         self.free.append(row.slot)
         if self.progress:
@@ -614,9 +636,13 @@ class _Driver:
                         self.ended[slot] = g
                         self.generated += len(g.tokens)
                         r = self.active[slot]
+                        text = self.fmt.action_text(g.tokens)
+                        if self.cfg.manager == "fold" and r.state.phase != "summarize" and (
+                                op := _fold_call(text)) is not None:
+                            self.internal[slot] = ["fold", *op]   # the driver's own tools,
+                            continue                              # alike on every process
                         if r.env is None:          # a row another process owns
                             continue
-                        text = self.fmt.action_text(g.tokens)
                         if r.state.phase == "summarize":
                             self._call(slot, "probe", self._probe, r.env, text)
                         else:
@@ -659,7 +685,9 @@ class _Driver:
                 self._started(slot, got[slot])
                 continue
             r, g = self.active[slot], self.ended.pop(slot)
-            if r.state.phase == "summarize":
+            if got[slot][0] == "fold":
+                self.apply_fold(r, g, *got[slot][1:])
+            elif r.state.phase == "summarize":
                 self.apply_summary(r, g, got[slot][1])
             else:
                 self.apply_env_result(r, g, got[slot])
@@ -719,6 +747,17 @@ class _Driver:
         r.probes.append(probe)
         r.transcript.append(dict(r.state.messages[-1], continuation=True))
 
+    def apply_fold(self, r: _Row, g: Generation, name: str, argument: str) -> None:
+        """A call of the fold manager's branch or return (context.after_fold)."""
+        text = self.fmt.action_text(g.tokens)
+        r.add_tokens(self.version, len(g.tokens))
+        argument = _cut_observation(self.fmt, argument, self.cfg.max_observation_tokens)
+        r.state = after_fold(self.cfg, self.fmt, r.state, Turn(tuple(g.tokens),
+                                                              tuple(g.logprobs), text),
+                             name, argument)
+        r.transcript += [{"role": "assistant", "content": text},
+                         dict(r.state.messages[-1], fold=name)]
+
     def apply_env_result(self, r: _Row, g: Generation, result: list) -> None:
         """An action's environment result (a timeout or an exception ends that rollout)."""
         text = self.fmt.action_text(g.tokens)
@@ -772,7 +811,10 @@ class _Driver:
             fresh = [f for _, f, _ in list(self.calls.values())[made:]]
             cf.wait(fresh, timeout=GRACE * (time.perf_counter() - t0))
         # nothing decoding: wait for an environment call of mine
-        self.apply(self.peers.merge(self.collect(wait=not busy)))
+        got = self.peers.merge(self.collect(wait=not (busy or self.internal)))
+        got.update(self.internal)
+        self.internal = {}
+        self.apply(got)
 
 
 def run_rollouts(actor: Actor, make_env: Callable[[], object], tasks: Sequence[dict],
@@ -866,6 +908,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "summaries_mean": sum(r.counters["summaries"] for r in rollouts) / n,
         "cleared_mean": sum(r.counters.get("cleared", 0) for r in rollouts) / n,
         "states_mean": sum(r.counters.get("states", 0) for r in rollouts) / n,
+        "folds_mean": sum(r.counters.get("folds", 0) for r in rollouts) / n,
         "p_summary": len(with_sum) / n,
         "p_success_given_summary": (sum(r.reward > 0 for r in with_sum) / len(with_sum)
                                     if with_sum else float("nan")),
