@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--policy", default="scripted", metavar="scripted|PATH", help="'scripted' "
                    "(the environment's expert) or a model: HF directory, .gguf or Hub id")
     r.add_argument("--context", default="supo", metavar="MANAGER", help="context.manager: "
-                   "supo | full | truncate | window | clear")
+                   "supo | full | truncate | window | clear | state | fold")
     _config_args(r, sets="an override (repeatable; applied after --env and --context)")
     r.add_argument("--num", type=int, default=8, metavar="N", help="tasks to roll out (one "
                    "rollout each)")
