@@ -301,6 +301,12 @@ rollouts suspended at a phase's end over those in flight.
                 f"{b['utilisation']['median']:.0%}, {b['trained_tokens_per_s']['median']:,.0f} | "
                 f"{sp['median']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f}) | "
                 f"{x['suspended_share']:.0%} |")
+        lines.append("")
+        lines.append("The budget raises utilisation in every row; trained tokens/s rises only "
+                     "with slow tools (no phase waits for its slowest rollout's tools). With "
+                     "tools that answer at once, phases last a fraction of a second here and "
+                     "each starts a new sampler and prefills its resumed contexts again (costs "
+                     "not measured apart), and the budget loses.")
     return "\n".join(lines) + "\n"
 
 
