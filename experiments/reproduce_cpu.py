@@ -6,6 +6,8 @@
    on purpose (sft.summary_drop), once;
 2. from that checkpoint, with the same seeds, train: SUPO at W; GRPO (`full`) at W; GRPO at
    W*(S+1); SUPO without overlong masking; SUPO with the trajectory-group advantage (Eq. 4);
+   and the other context managers at W: per-turn state, context folding, tool-result
+   clearing;
 3. evaluate every policy on the held-out split before and after training, and the SUPO
    policy with the summary cap at 0, S, 2S and 4S;
 4. write DIR/results.json, DIR/results.md (the layout of the paper's Table 1) and PNG plots.
@@ -46,6 +48,10 @@ def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
         ("supo_no_mask", "SUPO, no overlong masking", {"advantage.masked_reasons": "()"}),
         ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
          {"advantage.estimator": "trajectory_group"}),
+        # the other context managers at the same W, update and warm start (docs/SUPO.md §2)
+        ("state", f"Per-turn state, MEM1-style (W={W})", {"context.manager": "state"}),
+        ("fold", f"Context folding (W={W})", {"context.manager": "fold"}),
+        ("clear", f"Tool-result clearing (W={W})", {"context.manager": "clear"}),
     ]
 
 
@@ -62,7 +68,9 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
     for r in rows:
         d, lbl = r["name"], labels[r["name"]]
         work = W * (S + 1) if d == "grpo_w_s1" else W
-        eff = work if d.startswith("grpo") else W * (S + 1)
+        # the most tokens a rollout attends over in all: supo's S + 1 working contexts; full's
+        # one; the managers that rewrite the context every turn or fold have no such cap
+        eff = work if d.startswith("grpo") else W * (S + 1) if d.startswith("supo") else "-"
         lines.append(f"| {lbl} | {work} | {eff} | {_fmt(r['before_success'], True)} | "
                      f"{_fmt(r['success_rate'], True)} | {_fmt(r['tool_calls_mean'])} | "
                      f"{_fmt(r['summaries_mean'])} |")
@@ -98,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a miniature run (tests)")
     ap.add_argument("--methods", default="",
                     help="comma-separated subset of supo, grpo_w, grpo_w_s1, supo_no_mask, "
-                         "supo_eq4 (default: all)")
+                         "supo_eq4, state, fold, clear (default: all)")
     args = ap.parse_args(argv)
     t0 = time.time()
     sets = (QUICK if args.quick else []) + args.set

@@ -23,7 +23,8 @@ def test_reproduce_cpu_quick(tmp_path):
         res = json.load(f)
     assert res["sft"]["sft_full_context_demos"] == 1   # a third of the 4 demos: whole history
     names = [m["name"] for m in res["methods"]]
-    assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4"]
+    assert names == ["supo", "grpo_w", "grpo_w_s1", "supo_no_mask", "supo_eq4", "state", "fold",
+                     "clear"]
     for m in res["methods"]:
         assert m["seeds"] == [0] and m["success_rate"] is not None and m["before_success"] is not None
     from supo_jax.config import load_config
@@ -36,6 +37,8 @@ def test_reproduce_cpu_quick(tmp_path):
     assert cfgs["grpo_w_s1"]["context"]["working_context"] == W * (S + 1)
     assert cfgs["supo_no_mask"]["advantage"]["masked_reasons"] == []
     assert cfgs["supo_eq4"]["advantage"]["estimator"] == "trajectory_group"
+    assert [cfgs[m]["context"]["manager"] for m in ("state", "fold", "clear")] == [
+        "state", "fold", "clear"]
     assert all(c["train"]["init_from"] == os.path.join(out, "sft") for c in cfgs.values())
     md = open(os.path.join(out, "results.md")).read()
     assert "| method | working context | effective context |" in md and f"GRPO (W={W * (S + 1)})" in md
@@ -45,7 +48,7 @@ def test_reproduce_cpu_quick(tmp_path):
     # a second run reuses the SFT checkpoint and every finished run
     r2 = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r2.returncode == 0, r2.stderr[-3000:]
-    assert r2.stdout.count("finished earlier") == 5 and "training the SFT" not in r2.stdout
+    assert r2.stdout.count("finished earlier") == len(names) and "training the SFT" not in r2.stdout
     # a subset of the methods (the new-families table runs supo and grpo_w only)
     r3 = subprocess.run(cmd + ["--methods", "supo,grpo_w"], env=env, capture_output=True,
                         text=True, timeout=300)
