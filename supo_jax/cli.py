@@ -245,7 +245,7 @@ def _cmd_rollout(args) -> None:
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
     from supo_jax.config import describe, load_config
     from supo_jax.envs import make_env, make_tasks
-    from supo_jax.envs.experts import expert_for, has_expert
+    from supo_jax.envs.experts import expert_for, for_context, has_expert
     from supo_jax.rl.runs import check_prompt_fits
 
     # env.name first: task knobs belong to the config's own environment (apply_overrides)
@@ -268,7 +268,7 @@ def _cmd_rollout(args) -> None:
         from supo_jax.rl.runs import env_tokenizer
         fmt = ChatFormat(env_tokenizer(cfg))   # the tokenizer a tiny policy of this config has
         check_prompt_fits(cfg, fmt, args.split)
-        ro = run_rollouts(ScriptedActor(expert_for(cfg.env.name), fmt),
+        ro = run_rollouts(ScriptedActor(for_context(expert_for(cfg.env.name), cfg.context), fmt),
                           lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
                           rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
     else:

@@ -19,6 +19,11 @@ import time
 import pytest
 
 import supo_jax
+from supo_jax.agent.context import FOLD_TOOLS, MANAGERS, REASONS, ContextConfig
+from supo_jax.agent.render import ChatFormat
+from supo_jax.agent.rollout import run_rollouts
+from supo_jax.model.tiny import tiny_tokenizer
+from supo_jax.sampling.sampler import Generation
 from supo_jax.text.parsing import format_tool_call, parse_action
 from supo_jax.envs import list_envs, make_env, make_tasks
 
@@ -340,6 +345,78 @@ def test_fuzz_all_envs(no_side_effects):
         env.act(text)
         again.append(time.perf_counter() - t0)
     assert min(again) < 1.0, (name, text[:200], again)
+
+
+class _FuzzActor:
+    """The model as an adversary: each generation is a fuzz case (cases()) of the env's tools
+    and of the fold tools, a garbled <state> or <summary> block, or random token ids (any
+    bytes once decoded), cut at its budget like a real generation."""
+
+    def __init__(self, fmt, rng, tools):
+        self.fmt, self.rng, self.tools = fmt, rng, tools
+
+    def act(self, requests):
+        rng, out = self.rng, []
+        for r in requests:
+            k = rng.randrange(6)
+            if k == 0:
+                ids = [rng.randrange(len(self.fmt.tokenizer)) for _ in range(rng.randrange(80))]
+            else:
+                if k == 1:
+                    tag = rng.choice(["state", "summary"])
+                    text = (f"<{tag}>" + rand_text(rng, rng.randrange(200))
+                            + rng.choice([f"</{tag}>", "", f"<{tag}>"]) + rand_text(rng, 20))
+                else:
+                    [(text, _)] = cases(rng, self.tools, 1, value_errors=True)
+                text = text[:4 * r.max_new].encode("utf-8", "replace").decode("utf-8")
+                ids = self.fmt.encode(text) + [self.fmt.stop_id] * (rng.random() < 0.8)
+            ids = ids[:r.max_new]
+            out.append(Generation(ids, [-1.0] * len(ids)))
+        return out
+
+
+@pytest.fixture(scope="module")
+def chat_format():
+    """The tiny tokenizer's chat format, its template compiled (jinja compiles a template
+    with exec: our template, once, before any generated text)."""
+    fmt = ChatFormat(tiny_tokenizer())
+    fmt.prompt([{"role": "user", "content": "x"}], [])
+    return fmt
+
+
+def test_fuzz_rollouts_under_every_manager(chat_format, no_side_effects):
+    """Untrusted generations through the rollout driver under every context manager (fncall
+    tasks; the summarizer is the same adversary): no exception, every rollout ends with a
+    known reason and never as an environment failure, the transcript is text, and no row
+    exceeds the manager's bound."""
+    fmt = chat_format
+    name = "fncall/chain"
+    tasks = make_tasks(name, "train", 6, seed=0, size=8)
+    env = make_env(name)
+    env.reset(tasks[0])
+    tools = {t.name: t.parameters for t in env.tools}
+    tools.update({t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS})
+    reasons = {}
+    for m, manager in enumerate(MANAGERS):
+        cfg = ContextConfig(manager, 1200, max_steps=25, max_summaries=3, max_action_tokens=96,
+                            max_summary_tokens=64, max_observation_tokens=96, window_turns=2,
+                            max_branches=3)
+        actor = _FuzzActor(fmt, random.Random(500 + m), tools)
+        ro = run_rollouts(actor, lambda: make_env(name), tasks, fmt, cfg, group_size=2,
+                          rows=6, summarizer=actor)
+        bound = cfg.row_bound(fmt)
+        for r in ro:
+            assert r.reason in REASONS and r.reason not in ("env_error", "timeout"), (
+                manager, r.reason, r.transcript[-1:])
+            for msg in r.transcript:
+                assert isinstance(msg["content"], str)
+                msg["content"].encode("utf-8")
+            assert all(len(s.tokens) <= bound for s in r.segments + r.dropped)
+            reasons.setdefault(manager, set()).add(r.reason)
+        if manager == "fold":   # the adversary's calls of branch and return reached the driver
+            assert any(m.get("fold") for r in ro for m in r.transcript)
+    print("fuzz rollouts:", reasons)
+    assert set(reasons) == set(MANAGERS)
 
 
 @pytest.fixture

@@ -849,3 +849,39 @@ def test_fold_closes_a_branch_that_reaches_the_limit(fmt):
     assert r.reason == "answer" and r.counters["folds"] == 1 and len(r.segments) == 2
     assert all(len(s) <= 1500 for s in r.segments)
     assert r.counters["steps"] > 5
+
+
+def test_the_folding_expert_works_in_branches_where_full_runs_out(fmt):
+    """Any expert under context.manager=fold (envs.experts.for_context): it opens a branch,
+    makes its calls there, returns its state as the return message and goes on from it; on
+    three fncall families it solves tasks at a W where `full` runs out of context, every row
+    within W. With max_branches spent it goes on in the main thread (one refused branch)."""
+    from supo_jax.envs.experts import FoldingExpert, for_context
+
+    W = 2000
+    for family in ("tallest", "pages", "chain"):
+        name = f"fncall/{family}"
+        tasks = make_tasks(name, "train", 2, seed=0, size=20)
+        runs = {}
+        for manager in ("fold", "full"):
+            cfg = ContextConfig(manager, W, max_steps=200)
+            runs[manager] = run_rollouts(ScriptedActor(for_context(expert_for(name), cfg), fmt),
+                                         lambda: make_env(name), tasks, fmt, cfg, rows=2)
+        assert all(r.reason == "context_limit" for r in runs["full"])
+        for r in runs["fold"]:
+            assert r.reason == "answer" and r.reward == 1.0, (family, r.reason)
+            returns = [m["content"] for m in r.transcript if m.get("fold") == "return"]
+            assert len(returns) >= 3 and all(t.startswith("State: ") for t in returns)
+            assert len(r.segments) == len(returns) + 1          # a row a return, then the last
+            assert r.counters["folds"] - len(returns) in (0, 1)  # answered in a branch or not
+            assert all(len(s) <= W for s in r.segments)
+            assert not any(m["content"].startswith("error") for m in r.transcript
+                           if m["role"] == "tool")
+    cfg = ContextConfig("fold", 4000, max_steps=200, max_branches=2)
+    ex = FoldingExpert(expert_for("fncall/chain"), calls_per_branch=2)
+    (r,) = run_rollouts(ScriptedActor(ex, fmt), lambda: make_env("fncall/chain"),
+                        make_tasks("fncall/chain", "train", 1, seed=0, size=12), fmt, cfg, rows=1)
+    assert r.reason == "answer" and r.reward == 1.0 and r.counters["folds"] == 2
+    refused = [m for m in r.transcript if m["role"] == "tool"
+               and m["content"].startswith("error: no branches left")]
+    assert len(refused) == 1

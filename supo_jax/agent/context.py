@@ -91,6 +91,24 @@ FOLD_TOOLS = (
         "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
                        "required": ["message"]}}},
 )
+_FOLD_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS}
+
+
+def fold_call(text: str) -> tuple[str, str] | None:
+    """(branch | return, its description | message) where an action calls one of the fold
+    manager's tools, ("error", why) where it calls one wrongly, else None (an action for
+    the environment)."""
+    from supo_jax.text.parsing import parse_action
+
+    loose = {name: {"type": "object", "additionalProperties": True} for name in _FOLD_PARAMS}
+    if parse_action(text, loose, answer_tool="return").kind == "error":
+        return None
+    p = parse_action(text, _FOLD_PARAMS, answer_tool="return")
+    if p.kind == "error":
+        return "error", f"error: {p.error}"
+    return p.name, str(next(iter(p.arguments.values())))
+
+
 FORCED_RETURN = "[the branch reached the context limit and was closed]"
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")

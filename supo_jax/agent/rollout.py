@@ -31,7 +31,7 @@ import numpy as np
 
 from supo_jax.agent.context import (ENV_FAILURES, FOLD_TOOLS, REASONS, ContextConfig,
                                     RolloutState, Segment, Turn, after_action, after_fold,
-                                    after_summary, finish, initial_state,
+                                    after_summary, finish, fold_call, initial_state,
                                     request_tokens, state_from_json, state_to_json)
 from supo_jax.agent.render import ChatFormat
 from supo_jax.model.policy import Policy
@@ -386,24 +386,6 @@ class _Row:
         return r
 
 
-_FOLD_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS}
-
-
-def _fold_call(text: str) -> tuple[str, str] | None:
-    """(branch | return, its description | message) where an action calls one of the fold
-    manager's tools, ("error", why) where it calls one wrongly, else None (an action for
-    the environment)."""
-    from supo_jax.text.parsing import parse_action
-
-    loose = {name: {"type": "object", "additionalProperties": True} for name in _FOLD_PARAMS}
-    if parse_action(text, loose, answer_tool="return").kind == "error":
-        return None
-    p = parse_action(text, _FOLD_PARAMS, answer_tool="return")
-    if p.kind == "error":
-        return "error", f"error: {p.error}"
-    return p.name, str(next(iter(p.arguments.values())))
-
-
 def _digest(out: list) -> str:
     """What an environment step returned (observation, done, reward, tool call, role), as a
     short digest: a resumed rollout's replay is checked against it."""
@@ -638,7 +620,7 @@ class _Driver:
                         r = self.active[slot]
                         text = self.fmt.action_text(g.tokens)
                         if self.cfg.manager == "fold" and r.state.phase != "summarize" and (
-                                op := _fold_call(text)) is not None:
+                                op := fold_call(text)) is not None:
                             self.internal[slot] = ["fold", *op]   # the driver's own tools,
                             continue                              # alike on every process
                         if r.env is None:          # a row another process owns

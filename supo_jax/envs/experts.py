@@ -8,6 +8,7 @@ Experts are optional: they make SFT demonstrations (`sft.demos=expert`) and powe
     register_expert(name, factory, prefix=False)   # factory(env_name, **kwargs) -> expert
     expert_for(env_name, **kwargs)                 # e.g. expert_for("search", summary_drop=0.2)
     has_expert(env_name)
+    for_context(expert, ctx)                       # the expert as the context manager needs it
 
 Environments register their own experts where they are defined (a module in `env.imports`
 registers its environment and, optionally, its expert). A name registered with prefix=True
@@ -146,3 +147,75 @@ class StateExpert:
         if asks_for_state(messages):
             return f"<state>{self.summary(state, decision)}</state>\n{call}"
         return call
+
+
+
+class FoldingExpert:
+    """Any expert under context.manager=fold: it works in branches. In the main thread it
+    opens a branch; in a branch it lets the wrapped expert make `calls_per_branch` calls, then
+    returns the wrapped expert's summary as the return message, so the main thread holds the
+    branch calls and their messages only. The wrapped expert sees the context as a SUPO
+    restart: s1, the continuation holding the last return message (a FORCED_RETURN adds
+    nothing), then the turns since. Once the driver refuses a branch (context.max_branches
+    spent) it goes on in the main thread."""
+
+    def __init__(self, expert, calls_per_branch: int = 4, continuation: str = CONTINUATION):
+        if calls_per_branch < 1:
+            raise ValueError(f"calls_per_branch={calls_per_branch} must be >= 1")
+        self.expert, self.calls_per_branch = expert, calls_per_branch
+        self.continuation = continuation
+
+    def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool]:
+        """(what the wrapped expert reads, calls made in the open branch or None in the main
+        thread, whether a branch may still be opened)."""
+        from supo_jax.agent.context import FORCED_RETURN, fold_call
+
+        s1 = next(i for i, m in enumerate(messages) if m.get("role") == "user")
+        head, summary, since = messages[:s1 + 1], None, []
+        in_branch, can_branch, j = None, True, s1 + 1
+        while j < len(messages):
+            m = messages[j]
+            nxt = messages[j + 1] if j + 1 < len(messages) else None
+            op = fold_call(m["content"]) if m.get("role") == "assistant" else None
+            if op is None or nxt is None or nxt.get("role") != "tool":
+                since.append(m)
+                if in_branch is not None and m.get("role") == "assistant":
+                    in_branch += 1
+                j += 1
+                continue
+            reply = str(nxt["content"])
+            if reply.startswith("Branch opened"):
+                in_branch = 0
+            elif reply.startswith("error"):
+                can_branch = can_branch and "no branches left" not in reply
+            else:                       # a branch folded into its return message
+                if reply != FORCED_RETURN:
+                    summary, since = reply, []
+                in_branch = None
+            j += 2
+        if summary is not None:
+            head = head + [{"role": "user", "continuation": True, "content":
+                            self.continuation.format(prompt=head[-1]["content"], summary=summary)}]
+        return head + since, in_branch, can_branch
+
+    def act(self, messages: list[dict], summarize: bool = False) -> str:
+        view, in_branch, can_branch = self._view(messages)
+        if summarize:
+            return self.expert.act(view, True)
+        if in_branch is None and can_branch:
+            return format_tool_call("branch", {"description": "the next steps of the task; "
+                                               "return the state reached"})
+        if in_branch is not None and in_branch >= self.calls_per_branch:
+            from supo_jax.text.parsing import extract_summary
+            text = self.expert.act(view, True)
+            return format_tool_call("return", {"message": extract_summary(text) or text})
+        return self.expert.act(view)
+
+
+def for_context(expert, ctx):
+    """The expert as context manager ctx.manager needs it: under fold, a FoldingExpert (it
+    works in branches); otherwise the expert itself (state blocks are the expert's own, asked
+    for by the task prompt)."""
+    if ctx.manager == "fold":
+        return FoldingExpert(expert, continuation=ctx.continuation)
+    return expert

@@ -41,6 +41,14 @@ def env_corpus(cfg: Config, n: int = 24) -> list[str]:
     from supo_jax.text.parsing import format_tool_call
 
     texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
+    if cfg.context.manager == "state":
+        texts += [cfg.context.state_instruction] * 4
+    if cfg.context.manager == "fold":   # the driver's tools and a call of each
+        from supo_jax.agent.context import FOLD_TOOLS
+        texts += [json.dumps(list(FOLD_TOOLS))] + [
+            format_tool_call(t["function"]["name"], {k: "the state reached" for k in
+                                                      t["function"]["parameters"]["properties"]})
+            for t in FOLD_TOOLS] * 4
     expert = expert_for(cfg.env.name) if has_expert(cfg.env.name) else None
     for task in make_tasks(cfg.env.name, "train", n, seed=10_000 + cfg.env.seed, **cfg.env.knobs):
         try:
@@ -59,7 +67,9 @@ def env_corpus(cfg: Config, n: int = 24) -> list[str]:
                 except Exception:   # noqa: BLE001  (a sample call the environment rejects)
                     pass
             continue
-        msgs = [{"role": "user", "content": rs.prompt}]
+        prompt = rs.prompt + (f"\n\n{cfg.context.state_instruction}"   # as the driver asks
+                              if cfg.context.manager == "state" else "")
+        msgs = [{"role": "user", "content": prompt}]
         try:   # an environment (or expert) that raises ends this task's texts, as its rollout
             for _ in range(12):
                 a = expert.act(msgs, False)

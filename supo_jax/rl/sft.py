@@ -26,9 +26,10 @@ def expert_segments(fmt: ChatFormat, env_name: str, tasks: Sequence[dict], ctx: 
     shows what to do at that point of a context, and a policy may do anything there, e.g.
     answer early (which ends the rollout before the summary turn)."""
     from supo_jax.envs import make_env
-    from supo_jax.envs.experts import expert_for
+    from supo_jax.envs.experts import expert_for, for_context
 
-    actor = ScriptedActor(expert_for(env_name, summary_drop=summary_drop, seed=seed), fmt)
+    actor = ScriptedActor(for_context(expert_for(env_name, summary_drop=summary_drop, seed=seed),
+                                      ctx), fmt)
     ro = run_rollouts(actor, lambda: make_env(env_name), tasks, fmt, ctx, rows=16)
     keep = [r for r in ro if r.reward > 0 or not only_successful]
     return [s for r in keep for s in (r.segments + (r.dropped if dropped else []))], ro

@@ -49,7 +49,8 @@ from supo_jax.envs.bfcl.arguments import check_arguments, read_as_declared
 from supo_jax.envs.bfcl.calls import format_call, parse_call
 from supo_jax.envs.bfcl.data import CATEGORIES, entries, ground_truth, task_docs, world_bytes
 from supo_jax.envs.experts import register_expert
-from supo_jax.text.parsing import format_tool_call, parse_action, quote
+from supo_jax.text.parsing import extract_state, format_tool_call, parse_action, quote
+from supo_jax.text.reading import asks_for_state
 
 MAX_STEPS_A_TURN = 20            # BFCL's MAXIMUM_STEP_LIMIT
 CALL_TIMEOUT_S = 10.0            # a step's calls together, and the scoring replay
@@ -245,6 +246,17 @@ def make_tasks_for(category: str):
     return generate
 
 
+def _advance(entry: dict, turn: int, since: list[str]) -> int | None:
+    """The turn an entry is at after the user turns `since` (from `turn`; a text equal to
+    the current request keeps it), None where one of them is none of its later questions."""
+    for text in since:
+        turn = next((j for j in range(turn, len(entry["question"]))
+                     if turn_text(entry, j) == text), None)
+        if turn is None:
+            return None
+    return turn
+
+
 class BFCLExpert:
     """The ground truth as a scripted policy (see the module docstring)."""
 
@@ -256,24 +268,32 @@ class BFCLExpert:
         after a summary restart from the summary ("BFCL <id> turn <k> done|pending") and the
         user turns since; before one from the questions seen."""
         users = [(i, m["content"]) for i, m in enumerate(messages) if m["role"] == "user"]
+        # the mark: in a continuation (user) turn, or (context.manager=state) a reply's state
+        held = users + [(i, extract_state(m["content"]) or "") for i, m in enumerate(messages)
+                        if m["role"] == "assistant"]
         mark = next(((i, re.search(r"BFCL (\S+) turn (\d+) (done|pending)", t))
-                     for i, t in reversed(users) if re.search(r"BFCL \S+ turn \d+", t)), None)
+                     for i, t in sorted(held, reverse=True)
+                     if re.search(r"BFCL \S+ turn \d+", t)), None)
         if mark is not None:
             at, m = mark
             tid, k = m.group(1), int(m.group(2))
-            entry = entries(self.category)[tid]
             # the user turns since the continuation: the current request (kept by the restart;
             # a later one when the turn advanced in the dropped pair), then new turns
             since = [t for i, t in users if i > at]
-            turn = k
-            for text in since:
-                turn = next((j for j in range(turn, len(entry["question"]))
-                             if turn_text(entry, j) == text), turn)
+            turn = _advance(entries(self.category)[tid], k, since)
+            if turn is None:   # a task with the same first question (told apart only now,
+                e = entries(self.category)       # when the state held the first question)
+                first = _question(e[tid]["question"][0])
+                tid, turn = next(((i, t) for i in sorted(e, key=_number)
+                                  if _question(e[i]["question"][0]) == first
+                                  and (t := _advance(e[i], k, since)) is not None), (tid, k))
             done = m.group(3) == "done" and turn == k
         else:
             questions = [t for _, t in users]
+            # (under context.manager=state the first question ends with its instruction)
             cands = [i for i, e in entries(self.category).items()
-                     if _question(e["question"][0]) == questions[0]]
+                     if questions[0] in (q := _question(e["question"][0]),
+                                         q + "\n\n" + questions[0].split("\n\n")[-1])]
             for k, q in enumerate(questions[1:], start=1):
                 e = entries(self.category)
                 narrowed = [i for i in cands if len(e[i]["question"]) > k
@@ -292,8 +312,11 @@ class BFCLExpert:
             # ending it) was made
             return f"<summary>BFCL {tid} turn {turn} done</summary>"
         truth = ground_truth(self.category)[tid]
+        # context.manager=state: every reply begins with the mark (this turn's calls are made
+        # by this reply, or were)
+        head = f"<state>BFCL {tid} turn {turn} done</state>\n" if asks_for_state(messages) else ""
         if done or turn >= len(truth) or not truth[turn]:
-            return "Done."
+            return head + "Done."
         docs = {d["name"]: d for d in task_docs(entries(self.category)[tid])[0]}
         for later in task_docs(entries(self.category)[tid])[1].values():
             docs.update({d["name"]: d for d in later})
@@ -303,7 +326,7 @@ class BFCLExpert:
             order = list((docs[name].get("parameters") or {}).get("properties", {}))
             kwargs = {**dict(zip(order, args)), **kwargs}
             out.append(format_tool_call(name, kwargs))
-        return "\n".join(out)
+        return head + "\n".join(out)
 
 
 for _c in CATEGORIES:
