@@ -3,7 +3,10 @@
     python experiments/reproduce_cpu.py --out runs/reproduce      # ~30 min on 2 CPU cores
 
 1. warm-start a tiny policy by SFT on scripted demonstrations whose summaries are imperfect
-   on purpose (sft.summary_drop), once;
+   on purpose (sft.summary_drop), once; the same SFT again under `state` and under `fold`,
+   whose replies need what SUPO's demonstrations never show (where the scripted expert
+   cannot demonstrate the manager at this W, that method starts from the shared one, and
+   results.md says so);
 2. from that checkpoint, with the same seeds, train: SUPO at W; GRPO (`full`) at W; GRPO at
    W*(S+1); SUPO without overlong masking; SUPO with the trajectory-group advantage (Eq. 4);
    and the other context managers at W: per-turn state, context folding, tool-result
@@ -37,7 +40,13 @@ QUICK = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
          "train.progress=false"]
 
 
-def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
+# methods whose replies need what the SUPO demonstrations never show (a <state> block; the
+# branch and return tools): each gets its own warm start, the same SFT under its manager
+OWN_WARM_START = ("state", "fold")
+
+
+def methods(W: int, S: int, action_tokens: int = 48,
+            summary_tokens: int = 48) -> list[tuple[str, str, dict]]:
     """(directory, label, overrides) of each trained method."""
     scaling = "(" + ", ".join(str(s) for s in (0, S, 2 * S, 4 * S)) + ",)"
     return [
@@ -49,7 +58,10 @@ def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
         ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
          {"advantage.estimator": "trajectory_group"}),
         # the other context managers at the same W, update and warm start (docs/SUPO.md §2)
-        ("state", f"Per-turn state, MEM1-style (W={W})", {"context.manager": "state"}),
+        # a reply holds the state as well as the call: the action and summary budgets together
+        ("state", f"Per-turn state, MEM1-style (W={W})",
+         {"context.manager": "state",
+          "context.max_action_tokens": str(action_tokens + summary_tokens)}),
         ("fold", f"Context folding (W={W})", {"context.manager": "fold"}),
         ("clear", f"Tool-result clearing (W={W})", {"context.manager": "clear"}),
     ]
@@ -62,7 +74,7 @@ def _fmt(v, pct=False):
     return f"{100 * m:.1f} ± {100 * s:.1f}" if pct else f"{m:.2f} ± {s:.2f}"
 
 
-def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
+def results_markdown(rows, labels, W, S, scaling, sft, meta, warm_notes=None) -> str:
     lines = ["| method | working context | effective context | success before (%) | "
              "success after (%) | tool calls | summaries |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -83,6 +95,9 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta) -> str:
            f"{sft.get('sft_loss_last', float('nan')):.2f}.", "",
            f"Held-out success ({meta['eval']}), mean ± standard error over seeds; before = the SFT "
            "policy under each method's context manager.", "", *lines, "",
+           *([f"Warm starts: the shared one, except "
+              f"{'; '.join(f'{k}: {v}' for k, v in warm_notes.items())}.", ""]
+             if warm_notes else []),
            "Test-time summary scaling (the SUPO policy, trained with S = "
            f"{S}):", "", "| max summaries at eval | success (%) |", "|---|---|"]
     out += [f"| {s} | {_fmt(v, True)} |" for s, v in scaling]
@@ -114,7 +129,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     base = C.load_config(args.config, sets)
     W, S = base.context.working_context, base.context.max_summaries
-    ms = methods(W, S)
+    ms = methods(W, S, base.context.max_action_tokens, base.context.max_summary_tokens)
     if args.methods:
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
         unknown = sorted(set(wanted) - {m[0] for m in ms})
@@ -124,6 +139,16 @@ def main(argv=None) -> int:
         ms = [m for m in ms if m[0] in wanted]
     hf, sft = warm_start_once(base, args.out)
     common = [*sets, f"train.init_from={hf}", "train.sft_warm_start=false"]
+    warm_notes = {}
+    for d, _, point in ms:
+        if d in OWN_WARM_START:
+            own = C.load_config(args.config, [*sets, *(f"{k}={v}" for k, v in point.items())])
+            try:
+                point["train.init_from"] = warm_start_once(own, os.path.join(args.out, f"sft_{d}"))[0]
+                warm_notes[d] = "own"
+            except ValueError as e:   # the expert cannot demonstrate this manager at this W
+                warm_notes[d] = f"shared ({str(e).split(';')[0]})"
+                print(f"{d}: no warm start of its own, the shared one: {e}", flush=True)
     runs = sweep.plan(args.config, [m[2] for m in ms], seeds, os.path.join(args.out, "runs"),
                       overrides=common, names=[m[0] for m in ms])
     results = sweep.run_sweep(runs)
@@ -162,11 +187,12 @@ def main(argv=None) -> int:
                     f"{base.rollout.tasks_per_step} tasks x G={base.rollout.group_size} per step, "
                     f"{base.train.steps} steps",
             **provenance()}   # commit (short hash of HEAD), dirty, date (UTC)
-    md = results_markdown(rows, labels, W, S, scaling, sft, meta)
+    md = results_markdown(rows, labels, W, S, scaling, sft, meta, warm_notes)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "sft": sft, "methods": rows, "labels": labels,
+        json.dump({"meta": meta, "sft": sft, "warm_starts": warm_notes, "methods": rows,
+                   "labels": labels,
                    "test_time_scaling": scaling, "runs": results}, f, indent=2, default=str)
     print(md)
     return 0

@@ -39,7 +39,14 @@ def test_reproduce_cpu_quick(tmp_path):
     assert cfgs["supo_eq4"]["advantage"]["estimator"] == "trajectory_group"
     assert [cfgs[m]["context"]["manager"] for m in ("state", "fold", "clear")] == [
         "state", "fold", "clear"]
-    assert all(c["train"]["init_from"] == os.path.join(out, "sft") for c in cfgs.values())
+    # state and fold: the same SFT under their own manager, where the expert can demonstrate it
+    assert res["warm_starts"]["state"] == "own"
+    assert cfgs["state"]["context"]["max_action_tokens"] == (
+        base.context.max_action_tokens + base.context.max_summary_tokens)
+    for name, c in cfgs.items():
+        own = res["warm_starts"].get(name) == "own"
+        assert c["train"]["init_from"] == os.path.join(out, *((f"sft_{name}", "sft") if own
+                                                            else ("sft",)))
     md = open(os.path.join(out, "results.md")).read()
     assert "| method | working context | effective context |" in md and f"GRPO (W={W * (S + 1)})" in md
     for png in ("success_vs_step", "working_context", "summaries", "test_time_scaling",

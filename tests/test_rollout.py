@@ -885,3 +885,24 @@ def test_the_folding_expert_works_in_branches_where_full_runs_out(fmt):
     refused = [m for m in r.transcript if m["role"] == "tool"
                and m["content"].startswith("error: no branches left")]
     assert len(refused) == 1
+
+
+@pytest.mark.parametrize("manager", ["state", "fold"])
+def test_state_and_fold_rollouts_cut_at_a_budget_resume_to_the_straight_ones(fmt, manager):
+    """Under `state` (the context rewritten every turn) and `fold` (an open branch, its
+    start and the folds so far in the suspended state), rollouts cut at a token budget and
+    resumed from JSON in later phases are the rollouts run straight."""
+    from supo_jax.envs.experts import for_context
+
+    name = "fncall/chain"
+    cfg = ContextConfig(manager, 2000, max_steps=200, max_action_tokens=400)
+    tasks = make_tasks(name, "train", 2, seed=0, size=14)
+    actor = lambda: ScriptedActor(for_context(expert_for(name), cfg), fmt)
+    straight = run_rollouts(actor(), _jittery(name, 0), tasks, fmt, cfg, group_size=2, rows=4)
+    done, counts = _phases(actor, _jittery(name, 1), tasks, fmt, cfg, budget=300)
+    assert len(counts) >= 3 and max(counts) > 0
+    for a in straight:
+        b = done[(a.group_id, a.sample)]
+        assert a.reason == "answer" and (manager == "state" or a.counters["folds"] >= 2)
+        assert b.transcript == a.transcript and b.segments == a.segments
+        assert (b.reward, b.reason, b.counters) == (a.reward, a.reason, a.counters)

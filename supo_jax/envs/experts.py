@@ -156,8 +156,8 @@ class FoldingExpert:
     returns the wrapped expert's summary as the return message, so the main thread holds the
     branch calls and their messages only. The wrapped expert sees the context as a SUPO
     restart: s1, the continuation holding the last return message (a FORCED_RETURN adds
-    nothing), then the turns since. Once the driver refuses a branch (context.max_branches
-    spent) it goes on in the main thread."""
+    nothing, and halves the calls of the branches after it), then the turns since. Once the
+    driver refuses a branch (context.max_branches spent) it goes on in the main thread."""
 
     def __init__(self, expert, calls_per_branch: int = 4, continuation: str = CONTINUATION):
         if calls_per_branch < 1:
@@ -165,14 +165,14 @@ class FoldingExpert:
         self.expert, self.calls_per_branch = expert, calls_per_branch
         self.continuation = continuation
 
-    def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool]:
+    def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool, int]:
         """(what the wrapped expert reads, calls made in the open branch or None in the main
-        thread, whether a branch may still be opened)."""
+        thread, whether a branch may still be opened, branches closed by the limit)."""
         from supo_jax.agent.context import FORCED_RETURN, fold_call
 
         s1 = next(i for i, m in enumerate(messages) if m.get("role") == "user")
         head, summary, since = messages[:s1 + 1], None, []
-        in_branch, can_branch, j = None, True, s1 + 1
+        in_branch, can_branch, forced, j = None, True, 0, s1 + 1
         while j < len(messages):
             m = messages[j]
             nxt = messages[j + 1] if j + 1 < len(messages) else None
@@ -191,21 +191,22 @@ class FoldingExpert:
             else:                       # a branch folded into its return message
                 if reply != FORCED_RETURN:
                     summary, since = reply, []
+                forced += reply == FORCED_RETURN
                 in_branch = None
             j += 2
         if summary is not None:
             head = head + [{"role": "user", "continuation": True, "content":
                             self.continuation.format(prompt=head[-1]["content"], summary=summary)}]
-        return head + since, in_branch, can_branch
+        return head + since, in_branch, can_branch, forced
 
     def act(self, messages: list[dict], summarize: bool = False) -> str:
-        view, in_branch, can_branch = self._view(messages)
+        view, in_branch, can_branch, forced = self._view(messages)
         if summarize:
             return self.expert.act(view, True)
         if in_branch is None and can_branch:
-            return format_tool_call("branch", {"description": "the next steps of the task; "
-                                               "return the state reached"})
-        if in_branch is not None and in_branch >= self.calls_per_branch:
+            return format_tool_call("branch", {"description": "the next steps"})
+        # each branch the limit closed (its calls lost) halves the calls of the next ones
+        if in_branch is not None and in_branch >= max(1, self.calls_per_branch >> forced):
             from supo_jax.text.parsing import extract_summary
             text = self.expert.act(view, True)
             return format_tool_call("return", {"message": extract_summary(text) or text})

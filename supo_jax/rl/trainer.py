@@ -155,6 +155,11 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
         n_full = int(round(s.full_context_demos * len(tasks)))
         segs, ro = expert_segments(fmt, cfg.env.name, tasks[n_full:], cfg.context,
                                    summary_drop=s.summary_drop, seed=cfg.train.seed)
+        if ro and not segs:
+            raise ValueError(f"the scripted expert solved none of {len(ro)} demonstration "
+                             f"tasks under this context config (reasons: "
+                             f"{summarize(ro)['reasons']}); raise context.max_steps / "
+                             "max_summaries / working_context")
         if n_full:   # single-segment demonstrations in a context that holds the whole history
             c = cfg.context
             full = dataclasses.replace(c, manager="full",
