@@ -162,20 +162,23 @@ def test_ground_truth_replays_at_one_in_every_category():
             assert _bfcl_verdict(category, r.task_id, calls), (category, r.task_id)
 
 
-def test_ground_truth_replays_under_the_state_manager():
+@pytest.mark.parametrize("manager", ["state", "fold"])
+def test_ground_truth_replays_under_the_state_and_fold_managers(manager):
     """context.manager=state: the expert begins every reply with a state block naming its
-    task and turn ("BFCL <id> turn <k> done"), and reading it back (the context is s1 and
-    the latest turn) it passes 40 tasks of every category, tasks that share a first question
-    included (told apart by the next user turn)."""
+    task and turn ("BFCL <id> turn <k> done") and, reading it back (the context is s1 and
+    the latest turn), passes 40 tasks of every category, tasks that share a first question
+    included (told apart by the next user turn). fold: the expert works in branches
+    (for_context) and passes them too: a user request that arrives inside a branch stays in
+    view after the fold."""
     from supo_jax.agent.context import ContextConfig
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts
     from supo_jax.envs import make_env
-    from supo_jax.envs.bfcl.environment import split_ids
     from supo_jax.envs.bfcl.data import entries
-    from supo_jax.envs.experts import expert_for
+    from supo_jax.envs.bfcl.environment import split_ids
+    from supo_jax.envs.experts import expert_for, for_context
 
     fmt = _fmt()
-    cfg = ContextConfig(manager="state", working_context=1_000_000, max_steps=400,
+    cfg = ContextConfig(manager=manager, working_context=1_000_000, max_steps=400,
                         max_action_tokens=8192, max_observation_tokens=1_000_000)
     for category in CATEGORIES:
         name = f"bfcl/{category}"
@@ -183,11 +186,14 @@ def test_ground_truth_replays_under_the_state_manager():
         first = lambda i: entries(category)[i]["question"][0][0]["content"]
         assert any(first(i) == first(j) for i in ids for j in entries(category) if j != i)
         tasks = [{"task_id": i, "family": name, "category": category} for i in ids]
-        ro = run_rollouts(ScriptedActor(expert_for(name), fmt), lambda: make_env(name), tasks,
-                          fmt, cfg, rows=16)
+        ro = run_rollouts(ScriptedActor(for_context(expert_for(name), cfg), fmt),
+                          lambda: make_env(name), tasks, fmt, cfg, rows=16)
         failed = [(r.task_id, r.reason) for r in ro if r.reward != 1.0 or r.reason != "answer"]
         assert not failed, (category, failed[:5])
-        assert all(r.counters["states"] == r.counters["steps"] for r in ro)
+        if manager == "state":
+            assert all(r.counters["states"] == r.counters["steps"] for r in ro)
+        else:
+            assert sum(r.counters["folds"] > 1 for r in ro) >= 20
 
 
 @pytest.mark.long

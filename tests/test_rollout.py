@@ -906,3 +906,45 @@ def test_state_and_fold_rollouts_cut_at_a_budget_resume_to_the_straight_ones(fmt
         assert a.reason == "answer" and (manager == "state" or a.counters["folds"] >= 2)
         assert b.transcript == a.transcript and b.segments == a.segments
         assert (b.reward, b.reason, b.counters) == (a.reward, a.reason, a.counters)
+
+
+def test_a_user_request_that_comes_inside_a_branch_stays_after_the_fold(fmt):
+    """fold: a user turn delivered inside a branch (a multi-turn environment's next request)
+    is not folded away with the branch's work: the folded context ends with it, as a summary
+    restart keeps the current request."""
+    import json
+
+    class Asking(_Shelf):
+        def reset(self, task):
+            self.looks = 0
+            return super().reset(task)
+
+        def step(self, name, arguments):
+            if name == "look":
+                self.looks += 1
+                if self.looks == 2:
+                    return StepResult("Also add item 4.", role="user")
+            if name == "finish":
+                return StepResult("", done=True, reward=float(arguments["total"] == 100))
+            return super().step(name, arguments)
+
+    class Folder:
+        def act(self, messages, summarize=False):
+            call = lambda n, a: f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>"
+            tools = [m["content"] for m in messages if m["role"] == "tool"]
+            if any(t.startswith("looked") for t in tools):   # folded: the request must show
+                asked = any("item 4" in m["content"] for m in messages if m["role"] == "user")
+                return call("finish", {"total": 100 if asked else 60})
+            if not any(t.startswith("Branch opened") for t in tools):
+                return call("branch", {"description": "read"})
+            if messages[-1]["role"] == "user" or len(tools) < 3:
+                return call("look", {"i": 1})
+            return call("return", {"message": "looked"})
+
+    cfg = ContextConfig("fold", 4000, max_steps=20)
+    (r,) = run_rollouts(ScriptedActor(Folder(), fmt), Asking, [{"task_id": "t"}], fmt, cfg,
+                        rows=1)
+    assert r.reason == "answer" and r.reward == 1.0, r.transcript
+    second = fmt.tokenizer.decode(r.segments[1].tokens)
+    assert second.index("looked") < second.index("Also add item 4.") < second.rindex('"finish"')
+    assert [m.get("fold") for m in r.transcript if m.get("fold")] == ["branch", "return"]

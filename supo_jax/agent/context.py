@@ -555,19 +555,25 @@ def _fold_at_limit(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int)
 def _fold(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, message: str,
           limit: int) -> RolloutState:
     """The open branch folded: the context up to and including the branch call, then a tool
-    turn holding `message`; the row so far closes (state ends with its last action)."""
+    turn holding `message`, then the user's latest request if one came inside the branch
+    (it stays in view, as a summary restart keeps it); the row so far closes (state ends
+    with its last action)."""
     k, m = state.branch
     (s, _), o = state.turns[k], state.obs_starts[k]
     call = state.tokens[s:o]
     obs = tuple(fmt.turn("assistant", "tool", message, call[len(fmt.gen_prompt):]))
+    msgs = ({"role": "tool", "content": message},)
+    asked = [x["content"] for x in state.messages[m + 1:] if x.get("role") == "user"]
+    if asked:
+        obs += tuple(fmt.turn("tool", "user", asked[-1]))
+        msgs += ({"role": "user", "content": asked[-1]},)
     toks = state.tokens[:o] + obs
     segs = state.segments + ((_segment(state),) if any(state.mask) else ())
     new = dataclasses.replace(
         state, segments=segs, tokens=toks, mask=(0,) * len(toks), logprobs=(0.0,) * len(toks),
         turns=state.turns[:k] + ((s, len(toks)),), obs_starts=state.obs_starts[:k] + (o,),
-        messages=state.messages[:m + 1] + ({"role": "tool", "content": message},),
-        last_role="tool", branch=(), attended=state.attended + state.segment_peak,
-        segment_peak=0)
+        messages=state.messages[:m + 1] + msgs, last_role=msgs[-1]["role"], branch=(),
+        attended=state.attended + state.segment_peak, segment_peak=0)
     if len(toks) >= limit:
         return finish(new, "context_limit", close=False)
     return finish(new, "max_steps", close=False) if new.steps >= cfg.max_steps else new

@@ -737,8 +737,9 @@ class _Driver:
         r.state = after_fold(self.cfg, self.fmt, r.state, Turn(tuple(g.tokens),
                                                               tuple(g.logprobs), text),
                              name, argument)
-        r.transcript += [{"role": "assistant", "content": text},
-                         dict(r.state.messages[-1], fold=name)]
+        told = next(m for m in reversed(r.state.messages) if m["role"] == "tool")  # (a user
+        r.transcript += [{"role": "assistant", "content": text},       # request kept after a
+                         dict(told, fold=name)]                         # fold is in already)
 
     def apply_env_result(self, r: _Row, g: Generation, result: list) -> None:
         """An action's environment result (a timeout or an exception ends that rollout)."""

@@ -28,7 +28,7 @@ from typing import Callable
 
 from supo_jax.text.parsing import format_tool_call
 from supo_jax.text.reading import asks_for_state, continuation_marker, read_context
-from supo_jax.text.templates import CONTINUATION
+from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
 
 _EXPERTS: dict[str, tuple[Callable, bool]] = {}
 
@@ -201,14 +201,17 @@ class FoldingExpert:
 
     def act(self, messages: list[dict], summarize: bool = False) -> str:
         view, in_branch, can_branch, forced = self._view(messages)
+        ask = [{"role": "user", "content": SUMMARY_INSTRUCTION}]   # as a summary request ends
         if summarize:
-            return self.expert.act(view, True)
+            return self.expert.act(view + ask, True)
         if in_branch is None and can_branch:
             return format_tool_call("branch", {"description": "the next steps"})
         # each branch the limit closed (its calls lost) halves the calls of the next ones
-        if in_branch is not None and in_branch >= max(1, self.calls_per_branch >> forced):
+        # (a return, like a summary, follows a tool result: not a new user request)
+        if (in_branch is not None and in_branch >= max(1, self.calls_per_branch >> forced)
+                and view[-1].get("role") == "tool"):
             from supo_jax.text.parsing import extract_summary
-            text = self.expert.act(view, True)
+            text = self.expert.act(view + ask, True)
             return format_tool_call("return", {"message": extract_summary(text) or text})
         return self.expert.act(view)
 
