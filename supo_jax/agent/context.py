@@ -55,8 +55,9 @@ Managers (ContextConfig.manager):
                      `return` (FOLD_TOOLS; the rollout driver runs them, not the
                      environment). branch(description) opens a sub-task whose turns
                      follow in the context; return(message) replaces the branch's
-                     turns by the branch call and a tool turn holding the message, and
-                     closes a row (the rows share the rollout's advantage). One level:
+                     turns by the branch call and a tool turn holding the message (then
+                     a user request that came inside the branch), and closes a row (the
+                     rows share the rollout's advantage). One level:
                      a branch inside a branch, a return outside one, or a branch past
                      max_branches is an error observation. At L inside a branch the
                      branch is folded with FORCED_RETURN; at L in the main thread the
