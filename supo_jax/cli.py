@@ -281,9 +281,10 @@ def _cmd_rollout(args) -> None:
         check_prompt_fits(cfg, fmt, args.split)
         ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
     s = summarize(ro)
+    own = {"clear": ("cleared_mean",), "state": ("states_mean",), "fold": ("folds_mean",)}
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
-              "working_context_mean", "working_context_max", "effective_context_mean",
-              "summary_state_share", "reasons"):
+              *own.get(cfg.context.manager, ()), "working_context_mean", "working_context_max",
+              "effective_context_mean", "summary_state_share", "reasons"):
         v = s[k]
         print(f"{k:24s} {'-' if isinstance(v, float) and math.isnan(v) else v}")
     if args.out:

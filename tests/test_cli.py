@@ -369,3 +369,19 @@ def test_frozen_summarizer_is_refused_in_one_line(cmd, tmp_path, capsys):
             [cmd, "--env", "fncall/count", "--context", "frozen_summarizer"])
     _one_line_error(capsys, argv + ["--set", f"train.run_dir={tmp_path}"],
                     "frozen_summarizer", "run_rollouts")
+
+
+@pytest.mark.parametrize("manager,counter", [("state", "states_mean"), ("fold", "folds_mean"),
+                                             ("clear", "cleared_mean")])
+def test_scripted_rollouts_under_the_other_managers_print_their_counter(manager, counter,
+                                                                         capsys):
+    """`supo-jax rollout --context state|fold|clear --policy scripted`: the expert as the
+    manager needs it (state blocks; branches) solves the tasks, and the manager's own counter
+    is printed."""
+    assert main(["rollout", "--env", "fncall/chain", "--context", manager, "--num", "2",
+                 "--set", "context.working_context=3000", "--set", "context.max_steps=100",
+                 "--set", "context.max_action_tokens=200"]) == 0
+    lines = dict(ln.split(None, 1) for ln in capsys.readouterr().out.splitlines()
+                 if ln.strip())
+    assert lines["success_rate"].strip() == "1.0"
+    assert float(lines[counter]) > (0 if manager != "clear" else -1)
