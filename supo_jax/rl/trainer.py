@@ -142,6 +142,14 @@ def report_env_errors(rollouts: Sequence[Rollout], log: Callable[[str], None] = 
                 "metrics.jsonl counts them; this error is not printed again)")
 
 
+def _solved_none(cfg: Config, ro) -> ValueError:
+    hint = ("; under context.manager=state a reply holds its <state> block as well as its "
+            "call: raise context.max_action_tokens" if cfg.context.manager == "state" else "")
+    return ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks under "
+                      f"this context config (reasons: {summarize(ro)['reasons']}); raise "
+                      f"context.max_steps / max_summaries / working_context{hint}")
+
+
 def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = True) -> dict:
     """SFT on demonstrations (scripted experts by default). Returns a small report."""
     from supo_jax.envs import make_tasks
@@ -155,11 +163,8 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
         n_full = int(round(s.full_context_demos * len(tasks)))
         segs, ro = expert_segments(fmt, cfg.env.name, tasks[n_full:], cfg.context,
                                    summary_drop=s.summary_drop, seed=cfg.train.seed)
-        if ro and not segs:
-            raise ValueError(f"the scripted expert solved none of {len(ro)} demonstration "
-                             f"tasks under this context config (reasons: "
-                             f"{summarize(ro)['reasons']}); raise context.max_steps / "
-                             "max_summaries / working_context")
+        if ro and not segs:   # (the full-context share below does not show this manager)
+            raise _solved_none(cfg, ro)
         if n_full:   # single-segment demonstrations in a context that holds the whole history
             c = cfg.context
             full = dataclasses.replace(c, manager="full",
@@ -170,9 +175,7 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
         demo_success = summarize(ro)["success_rate"]
         report = {"sft_full_context_demos": n_full}
         if not segs:
-            raise ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks "
-                             f"under this context config (reasons: {summarize(ro)['reasons']}); "
-                             "raise context.max_steps / max_summaries / working_context")
+            raise _solved_none(cfg, ro)
     else:
         from supo_jax.envs import make_env
         task = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed, **cfg.env.knobs)[0]
