@@ -26,6 +26,7 @@ import os
 import sys
 import time
 
+from supo_jax.agent.context import OWN_DEMONSTRATIONS
 from supo_jax.sweep import warm_start_once
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,9 +41,6 @@ QUICK = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
          "train.progress=false"]
 
 
-# methods whose replies need what the SUPO demonstrations never show (a <state> block; the
-# branch and return tools): each gets its own warm start, the same SFT under its manager
-OWN_WARM_START = ("state", "fold")
 
 
 def methods(W: int, S: int, action_tokens: int = 48,
@@ -141,7 +139,7 @@ def main(argv=None) -> int:
     common = [*sets, f"train.init_from={hf}", "train.sft_warm_start=false"]
     warm_notes = {}
     for d, _, point in ms:
-        if d in OWN_WARM_START:
+        if point.get("context.manager") in OWN_DEMONSTRATIONS:   # (agent/context.py)
             own = C.load_config(args.config, [*sets, *(f"{k}={v}" for k, v in point.items())])
             try:
                 point["train.init_from"] = warm_start_once(own, os.path.join(args.out, f"sft_{d}"))[0]

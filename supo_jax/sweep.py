@@ -22,7 +22,9 @@ train.sft_warm_start), one SFT per seed is made under the sweep's base settings 
 and --set, without the grid) in DIR/warm_start/seed<k>, and every grid point of that seed
 starts from it (train.init_from), as a comparison of methods needs, and as the base settings
 can demonstrate where a grid point could not (e.g. context.manager=full on a task that needs
-summaries). sweep.md says which was done. A run that fails (its warm start included) is a
+summaries). A grid point with context.manager=state or fold makes its own (the same SFT
+under its manager: its replies need what the other managers' demonstrations never show).
+sweep.md says which was done. A run that fails (its warm start included) is a
 row of the table with its one-line reason, and the sweep goes on; a rerun tries it again.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from supo_jax.agent.context import OWN_DEMONSTRATIONS
 from supo_jax.config import (RESUMABLE_KEYS, Config, ConfigError, config_changes,
                              load_config, saved_config)
 from supo_jax.utils import json_safe, provenance
@@ -164,11 +167,14 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
             run_dir = os.path.join(out, name, f"seed{seed}")
             sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
                     f"train.seed={seed}", f"train.run_dir={run_dir}"]
-            if seed in warm:
+            m = point.get("context.manager")
+            shared = seed in warm and not (m in OWN_DEMONSTRATIONS
+                                           and m != warm[seed].context.manager)
+            if shared:
                 sets += [f"train.init_from={os.path.join(warm_start_dir(out, seed), 'sft')}",
                          "train.sft_warm_start=false"]
             runs.append(Run(name, dict(point), int(seed), run_dir, load_config(config_path, sets),
-                            warm.get(seed)))
+                            warm.get(seed) if shared else None))
     stale = [f"{r.run_dir}: {'; '.join(ch)}" for r in runs
              if not r.cfg.train.accept_config_change and (ch := _changes(r))]
     if stale:
@@ -400,8 +406,10 @@ def report(runs: Sequence[Run], out: str) -> dict:
         json.dump(json_safe({"meta": provenance(), "rows": rows}), f, indent=2, allow_nan=False)
     md = table_markdown(rows)
     shared = sorted({r.seed for r in runs if r.warm is not None})
+    own = sorted({r.name for r in runs if r.warm is None})
     warm = (f"Warm start: one SFT per seed ({', '.join(map(str, shared))}) under the sweep's base "
-            "settings, in warm_start/seed<k>, shared by every grid point of that seed."
+            "settings, in warm_start/seed<k>, shared by every grid point of that seed"
+            + (f" but {', '.join(own)} (each run its own)" if own else "") + "."
             if shared else "Warm start: each run its own (as its settings say).")
     with open(os.path.join(out, "sweep.md"), "w") as f:
         f.write(f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "

@@ -200,6 +200,25 @@ def test_a_failing_run_is_a_row_with_its_reason_and_the_sweep_goes_on(tmp_path):
     assert all(r["failed"] == [] and len(r["seeds"]) == 2 for r in sweep.collect(runs))
 
 
+def test_state_and_fold_points_warm_start_on_their_own_demonstrations(tmp_path):
+    """A grid over context.manager: supo and full share the seed's warm start; state and fold
+    (their replies need a <state> block / the branch tools, which the base's demonstrations
+    never show) each make their own, unless the base settings are already theirs."""
+    out = str(tmp_path)
+    runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(
+        ["context.manager=supo,full,state,fold"])), [0], out)
+    by = {r.point["context.manager"]: r for r in runs}
+    for m in ("supo", "full"):
+        assert by[m].warm is not None and by[m].cfg.train.init_from and \
+            not by[m].cfg.train.sft_warm_start
+    for m in ("state", "fold"):
+        assert by[m].warm is None and by[m].cfg.train.sft_warm_start
+        assert not by[m].cfg.train.init_from
+    same = sweep.plan(TINY, sweep.points(sweep.parse_grid(["optim.lr=1e-3,1e-4"])), [0], out,
+                      overrides=["context.manager=state"])
+    assert all(r.warm is not None and r.warm.context.manager == "state" for r in same)
+
+
 @pytest.mark.slow
 def test_the_sweep_help_example_compares_managers_from_one_warm_start(tmp_path, capsys):
     """`supo-jax sweep --grid context.manager=supo,full --seeds 0` (sweep --help's example, at

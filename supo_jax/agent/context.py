@@ -110,6 +110,9 @@ def fold_call(text: str) -> tuple[str, str] | None:
     return p.name, str(next(iter(p.arguments.values())))
 
 
+# managers whose actions take a form other managers' demonstrations never show (a <state>
+# block; the branch and return tools): a comparison warm-starts them on their own demonstrations
+OWN_DEMONSTRATIONS = ("state", "fold")
 FORCED_RETURN = "[the branch reached the context limit and was closed]"
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
