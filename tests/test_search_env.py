@@ -195,6 +195,32 @@ def test_expert_solves_across_supo_resets(seed):
     assert len(probes) >= 6
 
 
+@pytest.mark.parametrize("manager,W", [("state", 3000), ("fold", 6000)])
+def test_expert_solves_under_the_state_and_fold_managers(manager, W):
+    """The search expert writes its state (its summary text) in a <state> block when the
+    prompt asks for one and reads it back; under fold it works in branches (for_context):
+    both solve tasks that `full` cannot at W = 3000."""
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+    from supo_jax.model.tiny import tiny_tokenizer
+
+    fmt = ChatFormat(tiny_tokenizer())
+    todo = make_tasks("search", "train", 6, seed=0)
+    runs = {}
+    for m, w in ((manager, W), ("full", 3000)):
+        cfg = ContextConfig(m, w, max_steps=100, max_action_tokens=400,
+                            max_observation_tokens=600)
+        runs[m] = run_rollouts(ScriptedActor(experts.for_context(experts.expert_for("search"),
+                                                                 cfg), fmt),
+                               lambda: make_env("search"), todo, fmt, cfg, rows=3)
+    assert all(r.reason == "context_limit" for r in runs["full"])
+    for r in runs[manager]:
+        assert r.reason == "answer" and r.reward == 1.0
+        assert (r.counters["states"] == r.counters["steps"] if manager == "state"
+                else r.counters["folds"] >= 2)
+
+
 def test_dropped_summaries_fail_the_probe():
     task = tasks(1, "train", 3, hops=4)[0]
     # each summary loses the latest hop; keeping 4 pairs (2 hops) per segment still gains one

@@ -8,7 +8,7 @@ from supo_jax.envs.experts import register_expert
 from supo_jax.envs.search.world import DEFAULT_K, FACTS, FACT_OF, MAX_K, WHAT
 from supo_jax.envs.search.tasks import parse_question
 from supo_jax.text.parsing import format_tool_call, quote
-from supo_jax.text.reading import continuation_marker, read_context
+from supo_jax.text.reading import asks_for_state, continuation_marker, read_context
 from supo_jax.text.templates import CONTINUATION
 
 _RESULT = re.compile(r"^\[(\S+)\] (.*?) \| ", re.M)
@@ -95,10 +95,17 @@ class SearchExpert:
         start, rels, found, page, tries = self.state(messages)
         thought, name, args = self.decide(rels, found, page, tries)
         if not summarize:
-            return f"{thought}\n{format_tool_call(name, args)}"
+            call = f"{thought}\n{format_tool_call(name, args)}"
+            if asks_for_state(messages):   # context.manager=state: the state, then the call
+                return f"<state>{self.summary_text(start, rels, found, page)}</state>\n{call}"
+            return call
         if self.summary_drop > 0 and self.rng.random() < self.summary_drop and len(found) > 1:
             found, page = found[:-1], None
             self.dropped += 1
+        return f"<summary>{self.summary_text(start, rels, found, page)}</summary>"
+
+    @staticmethod
+    def summary_text(start, rels, found, page) -> str:
         plan = " -> ".join([start] + [WHAT[r] for r in rels])
         done = len(found) - 1
         text = (f"Question chain: {plan}. Resolved {done} of {len(rels)} hops: "
@@ -108,9 +115,8 @@ class SearchExpert:
             text += f" on page {page}. " if page else " by searching its name. "
         else:
             text += f"Next: answer {found[-1]}. "
-        text += f"State: found={' | '.join(found)}" + (f"; page={page}" if page and done < len(rels)
-                                                       else "")
-        return f"<summary>{text}</summary>"
+        return text + f"State: found={' | '.join(found)}" + (
+            f"; page={page}" if page and done < len(rels) else "")
 
 def expert_for(env_name: str = "search", **kwargs) -> SearchExpert:
     """Expert for "search"; kwargs: summary_drop, seed, continuation."""
