@@ -77,43 +77,14 @@ import dataclasses
 from typing import NamedTuple, Sequence
 
 from supo_jax.agent.render import ChatFormat
-from supo_jax.text.templates import CONTINUATION, STATE_INSTRUCTION, SUMMARY_INSTRUCTION
+from supo_jax.text.parsing import fold_call  # noqa: F401  (the fold manager's tools, parsed)
+from supo_jax.text.templates import (CONTINUATION, FOLD_TOOLS, FORCED_RETURN,  # noqa: F401
+                                     STATE_INSTRUCTION, SUMMARY_INSTRUCTION)
 
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear", "state", "fold")
-# fold: the tools the driver adds (OpenAI / transformers chat-template tool dicts)
-FOLD_TOOLS = (
-    {"type": "function", "function": {
-        "name": "branch", "description": "Open a sub-task. Its turns leave the context when "
-        "you call return; only your return message stays.",
-        "parameters": {"type": "object", "properties": {"description": {"type": "string"}},
-                       "required": ["description"]}}},
-    {"type": "function", "function": {
-        "name": "return", "description": "Close the open sub-task with what it found.",
-        "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
-                       "required": ["message"]}}},
-)
-_FOLD_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS}
-
-
-def fold_call(text: str) -> tuple[str, str] | None:
-    """(branch | return, its description | message) where an action calls one of the fold
-    manager's tools, ("error", why) where it calls one wrongly, else None (an action for
-    the environment)."""
-    from supo_jax.text.parsing import parse_action
-
-    loose = {name: {"type": "object", "additionalProperties": True} for name in _FOLD_PARAMS}
-    if parse_action(text, loose, answer_tool="return").kind == "error":
-        return None
-    p = parse_action(text, _FOLD_PARAMS, answer_tool="return")
-    if p.kind == "error":
-        return "error", f"error: {p.error}"
-    return p.name, str(next(iter(p.arguments.values())))
-
-
 # managers whose actions take a form other managers' demonstrations never show (a <state>
 # block; the branch and return tools): a comparison warm-starts them on their own demonstrations
 OWN_DEMONSTRATIONS = ("state", "fold")
-FORCED_RETURN = "[the branch reached the context limit and was closed]"
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")

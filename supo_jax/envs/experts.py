@@ -26,9 +26,9 @@ import json
 import random
 from typing import Callable
 
-from supo_jax.text.parsing import format_tool_call
+from supo_jax.text.parsing import fold_call, format_tool_call
 from supo_jax.text.reading import asks_for_state, continuation_marker, read_context
-from supo_jax.text.templates import CONTINUATION, SUMMARY_INSTRUCTION
+from supo_jax.text.templates import CONTINUATION, FORCED_RETURN, SUMMARY_INSTRUCTION
 
 _EXPERTS: dict[str, tuple[Callable, bool]] = {}
 
@@ -168,8 +168,6 @@ class FoldingExpert:
     def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool, int]:
         """(what the wrapped expert reads, calls made in the open branch or None in the main
         thread, whether a branch may still be opened, branches closed by the limit)."""
-        from supo_jax.agent.context import FORCED_RETURN, fold_call
-
         s1 = next(i for i, m in enumerate(messages) if m.get("role") == "user")
         head, summary, since = messages[:s1 + 1], None, []
         in_branch, can_branch, forced, j = None, True, 0, s1 + 1

@@ -25,6 +25,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from supo_jax.text.templates import FOLD_TOOLS
+
 MAX_ACTION_CHARS = 20_000   # longer actions are rejected before any parsing
 MAX_JSON_DEPTH = 32         # deeper nesting of arrays/objects is rejected
 QUOTE_CHARS = 100           # most model text an error message repeats
@@ -316,3 +318,19 @@ def format_tool_call(name: str, arguments: dict) -> str:
     """
     payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+_FOLD_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FOLD_TOOLS}
+
+
+def fold_call(text: str) -> tuple[str, str] | None:
+    """(branch | return, its description | message) where an action calls one of the fold
+    manager's tools, ("error", why) where it calls one wrongly, else None (an action for
+    the environment)."""
+    loose = {name: {"type": "object", "additionalProperties": True} for name in _FOLD_PARAMS}
+    if parse_action(text, loose, answer_tool="return").kind == "error":
+        return None
+    p = parse_action(text, _FOLD_PARAMS, answer_tool="return")
+    if p.kind == "error":
+        return "error", f"error: {p.error}"
+    return p.name, str(next(iter(p.arguments.values())))

@@ -20,3 +20,17 @@ STATE_INSTRUCTION = (
 # A user turn placed right after the initial prompt s1 (which already holds the task), so the
 # restarted context is s1 + this turn. "{prompt}" may also be used to repeat the task.
 CONTINUATION = "We are in the following stage of solving the problem:\n<summary>\n{summary}\n</summary>"
+
+# fold: the tools the driver adds (OpenAI / transformers chat-template tool dicts)
+FOLD_TOOLS = (
+    {"type": "function", "function": {
+        "name": "branch", "description": "Open a sub-task. Its turns leave the context when "
+        "you call return; only your return message stays.",
+        "parameters": {"type": "object", "properties": {"description": {"type": "string"}},
+                       "required": ["description"]}}},
+    {"type": "function", "function": {
+        "name": "return", "description": "Close the open sub-task with what it found.",
+        "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
+                       "required": ["message"]}}},
+)
+FORCED_RETURN = "[the branch reached the context limit and was closed]"
