@@ -77,7 +77,9 @@ def maybe_init_distributed() -> bool:
     the coordinator; elsewhere set SUPO_JAX_COORDINATOR=host:port, SUPO_JAX_NUM_PROCESSES
     and SUPO_JAX_PROCESS_ID (e.g. several CPU processes on one machine).
     SUPO_JAX_HEARTBEAT_S (default 100): jax.distributed's heartbeat timeout; a process that
-    stops without a word is noticed by the others in half of it (PeerWatch).
+    stops without a word is noticed by the others in a quarter of it (PeerWatch). Not half:
+    a process beats to the coordinator every half of the timeout, so the runtime may abort
+    the others (with stack traces) as soon as half of it after the silence began.
     """
     import jax
 
@@ -97,7 +99,7 @@ def maybe_init_distributed() -> bool:
         jax.distributed.initialize(heartbeat_timeout_seconds=int(hb))
     else:
         return False
-    PeerWatch.start(timeout_s=int(hb) / 2)
+    PeerWatch.start(timeout_s=int(hb) / 4)
     return True
 
 
@@ -233,7 +235,7 @@ class PeerWatch:
                     seen[p] = (v, now)
                 elif now - seen[p][1] > self.timeout_s:
                     self._fail(f"process {p} has not been heard from in {self.timeout_s:.0f} s "
-                               "(SUPO_JAX_HEARTBEAT_S / 2): it died, or hangs; its log or "
+                               "(SUPO_JAX_HEARTBEAT_S / 4): it died, or hangs; its log or "
                                "its host says which", silent=(p,))
 
     def _fail(self, what: str, silent: tuple[int, ...] = ()) -> None:

@@ -309,7 +309,7 @@ def test_preempted_then_killed_processes_resume_to_the_straight_runs_metrics(two
                                                                              tmp_path):
     """Both processes of a run stop together on a SIGTERM to one of them (saving the step it
     arrived in); rerun, one is killed (kill -9) in the next step's rollouts: the other stops
-    with one line naming it, within SUPO_JAX_HEARTBEAT_S / 2 and a beat; rerun again, the
+    with one line naming it, within SUPO_JAX_HEARTBEAT_S / 4 and a beat; rerun again, the
     run ends with the metrics of a run never stopped."""
     straight, _ = two_process_run
     run_dir = str(tmp_path / "run")
@@ -326,9 +326,10 @@ def test_preempted_then_killed_processes_resume_to_the_straight_runs_metrics(two
     # SIGSTOP, where the PeerWatch stops the survivor
     # bounds with room for a loaded 2-core machine: KILL at once (the exit waits 2 beats + 1 s
     # for the other to fall quiet), STOP the watch's 10 s and a beat; jax.distributed's own
-    # abort (20 s here) is told apart by its exit status and its stack traces
+    # abort (40 s here after the last beat to the coordinator, which beats every 20 s: 20 s
+    # after the stop at the soonest) is told apart by its exit status and its stack traces
     for sig, bound in [("KILL", 15), ("STOP", 10 + 2 + 15)]:
-        procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP=f"1:1:{sig}", SUPO_JAX_HEARTBEAT_S="20")
+        procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP=f"1:1:{sig}", SUPO_JAX_HEARTBEAT_S="40")
         outs, ends = _wait(procs, kill=1)
         err = outs[0][1]
         sent = float(re.search(rf"process 1 sends itself SIG{sig} at ([0-9.]+)",
