@@ -32,6 +32,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from xdist_groups import name_xdist_groups
+
 
 def _pin_xdist_worker():
     """Pin this pytest-xdist worker to one usable core when the workers are at least as many as
@@ -88,6 +90,11 @@ def pytest_itemcollected(item):
 
 @pytest.hookimpl(trylast=True)   # after -k / -m deselection: delegate only what will run
 def pytest_collection_modifyitems(session, config, items):
+    _order_and_delegate(config, items)
+    name_xdist_groups(config, items)
+
+
+def _order_and_delegate(config, items):
     # the modules with a `long` item first; each module's items stay together and in order,
     # so that its module-scoped fixtures are built once
     long_modules = {item.module for item in items if item.get_closest_marker("long")}
@@ -175,9 +182,10 @@ class CpuSubprocessItem(pytest.Item):
     def __init__(self, *, batch: _CpuBatch, location, **kwargs):
         super().__init__(**kwargs)
         self.batch, self._location = batch, location
+        self.plain_nodeid = self.nodeid      # before an `@group` suffix (xdist_groups.py)
 
     def runtest(self):
-        res = self.batch.outcome(self.nodeid)
+        res = self.batch.outcome(self.plain_nodeid)
         if res is None:
             pytest.fail(f"{self.nodeid} did not run in the CPU subprocess:\n{self.batch.log}",
                         pytrace=False)
