@@ -14,14 +14,10 @@ def name_xdist_groups(config, items):
     for item in items:
         names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                  for m in item.iter_markers("xdist_group")}
-        if not names or "@" in item.nodeid:
-            continue
-        grouped = f"{item.nodeid}@{'_'.join(sorted(names))}"
-        if hasattr(item, "_id"):
-            from _pytest.nodeid import coerce_node_id
-            item._id = coerce_node_id(grouped)
-        else:
-            item._nodeid = grouped
+        # "@" already there: pytest-xdist's own suffix took (a pytest before 9.2)
+        if names and "@" not in item.nodeid:
+            from _pytest.nodeid import coerce_node_id     # pytest >= 9.2: ids in `_id`
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.hookimpl(trylast=True)
