@@ -32,6 +32,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+import suite_budget
+from suite_budget import pytest_addoption  # noqa: F401  (pytest.ini's budget settings)
 from xdist_groups import name_xdist_groups
 
 
@@ -73,6 +75,7 @@ _DELEGATE = "SUPO_JAX_TESTS_DELEGATE_CPU"  # "1": delegate even where the defaul
 
 
 def pytest_configure(config):
+    suite_budget.pytest_configure(config)
     config.addinivalue_line(
         "markers", "long: minutes of work; the items of its module are scheduled first")
     config.addinivalue_line(

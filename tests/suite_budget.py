@@ -1,0 +1,95 @@
+"""The suite's time budget, held by the suite itself (tests/conftest.py loads it; `-p
+suite_budget` loads it as a plugin: tests/test_suite_budget.py).
+
+- A test whose setup, call and teardown take more than `test_limit_s` (pytest.ini) and that is
+  neither marked `slow` nor named in `long_tests` (pytest.ini, each with its reason) fails the
+  run: the fast tier (`-m "not slow"`) stays fast because nothing minutes-long hides in it.
+- A run of the whole suite (no -k, no file or node selection) that takes longer than its
+  budget fails: `suite_budget_s` for the README's test command, `fast_budget_s` for the fast
+  tier (`-m "not slow"`). Both are set well under CI's 90 minutes, so that a run which
+  creeps up is told while it still lands. SUPO_JAX_SUITE_BUDGET_S overrides the one in force
+  (0: no budget), for a slower machine.
+The run's tests pass or fail as they did; the budget's verdict is printed before the closing
+line and sets the exit status.
+"""
+import os
+import time
+
+import pytest
+
+_START = time.monotonic()
+
+
+def pytest_addoption(parser):
+    parser.addini("test_limit_s", "seconds a test may take unless marked slow or listed in "
+                  "long_tests", default="120")
+    parser.addini("long_tests", "node ids (without parameters) allowed over test_limit_s "
+                  "without the slow mark: `node id  # reason`", type="linelist", default=[])
+    parser.addini("suite_budget_s", "seconds the whole suite may take (0: none)", default="0")
+    parser.addini("fast_budget_s", "seconds the fast tier (-m 'not slow') may take (0: none)",
+                  default="0")
+
+
+class _Budget:
+    def __init__(self, config):
+        self.config = config
+        self.limit = float(config.getini("test_limit_s"))
+        self.allowed = {ln.split("#")[0].strip() for ln in config.getini("long_tests")}
+        self.seconds: dict[str, float] = {}
+        self.slow: set[str] = set()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        self.slow = {item.nodeid for item in items if item.get_closest_marker("slow")}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def over(self) -> list[str]:
+        """The tests over the per-test limit that are neither slow nor listed."""
+        def base(nodeid):   # without parameters and the xdist group suffix
+            return nodeid.split("@")[0].split("[")[0]
+        return [f"{s:.1f} s {n}" for n, s in sorted(self.seconds.items(), key=lambda x: -x[1])
+                if s > self.limit and n not in self.slow and n.split("@")[0] not in self.slow
+                and base(n) not in self.allowed]
+
+    def budget(self) -> tuple[str, float]:
+        """(which budget, seconds) for this run; 0 when the run is a selection."""
+        opt = self.config.option
+        if getattr(opt, "keyword", "") or any("::" in a or a.endswith(".py") for a in self.config.args):
+            return "", 0.0
+        fast = (getattr(opt, "markexpr", "") or "").replace(" ", "") == "notslow"
+        if getattr(opt, "markexpr", "") and not fast:
+            return "", 0.0
+        name = "fast_budget_s" if fast else "suite_budget_s"
+        env = os.environ.get("SUPO_JAX_SUITE_BUDGET_S")
+        return name, float(env) if env else float(self.config.getini(name))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session):
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            return       # the controller holds every worker's reports
+        lines = []
+        over = self.over()
+        if over:
+            lines.append(f"suite budget: {len(over)} test(s) over {self.limit:.0f} s neither "
+                         "marked slow nor listed in pytest.ini's long_tests: " + "; ".join(over))
+        name, seconds = self.budget()
+        took = time.monotonic() - _START
+        if seconds and took > seconds:
+            lines.append(f"suite budget: the run took {took:.0f} s, over {name} = {seconds:.0f} s "
+                         "(pytest.ini; SUPO_JAX_SUITE_BUDGET_S overrides): see the durations "
+                         "above for what to trim")
+        if lines:
+            tr = self.config.pluginmanager.get_plugin("terminalreporter")
+            if tr:
+                tr.write_line("")     # after the progress line of -q
+            for line in lines:
+                (tr.write_line if tr else print)(line)
+            if session.exitstatus == 0:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("suite_budget_state"):
+        config.pluginmanager.register(_Budget(config), "suite_budget_state")

@@ -1,0 +1,63 @@
+"""The suite holds its own time budget (tests/suite_budget.py): a run over its budget, or a test
+over the per-test limit that is neither marked slow nor listed, fails the run with one line."""
+import os
+import subprocess
+import sys
+
+TESTS = '''
+import time, pytest
+
+def test_quick():
+    pass
+
+def test_sleeps():
+    time.sleep(1.2)
+
+@pytest.mark.slow
+def test_marked_slow():
+    time.sleep(1.2)
+
+def test_listed():
+    time.sleep(1.2)
+'''
+INI = '''[pytest]
+markers = slow: minutes
+test_limit_s = {limit}
+long_tests =
+    t/test_timed.py::test_listed  # the reason it is long
+suite_budget_s = {budget}
+'''
+
+
+def _run(tmp_path, budget, *args, limit=1, env=None):
+    (tmp_path / "t").mkdir(exist_ok=True)
+    (tmp_path / "t" / "test_timed.py").write_text(TESTS)
+    (tmp_path / "pytest.ini").write_text(INI.format(budget=budget, limit=limit))
+    here = os.path.dirname(os.path.abspath(__file__))
+    base = {k: v for k, v in os.environ.items() if k != "SUPO_JAX_SUITE_BUDGET_S"}
+    env = dict(base, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **(env or {}))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_budget", "-p",
+                           "no:cacheprovider", "-q", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path):
+    r = _run(tmp_path, 0, "t")
+    assert r.returncode == 1, r.stdout
+    assert "4 passed" in r.stdout
+    over = [ln for ln in r.stdout.splitlines() if ln.startswith("suite budget:")]
+    assert len(over) == 1 and "test_sleeps" in over[0], r.stdout
+    assert "test_marked_slow" not in over[0] and "test_listed" not in over[0]
+    r = _run(tmp_path, 0, "t", "-m", "not slow", "-k", "not sleeps")
+    assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
+
+
+def test_a_whole_run_over_its_budget_fails_and_a_selection_does_not(tmp_path):
+    r = _run(tmp_path, 2, "t", "-k", "not sleeps", limit=100)   # a selection: no budget
+    assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
+    r = _run(tmp_path, 2, "t", limit=100)
+    assert r.returncode == 1 and "4 passed" in r.stdout, r.stdout
+    assert "over suite_budget_s = 2 s" in r.stdout, r.stdout
+    r = _run(tmp_path, 2, "t", limit=100, env={"SUPO_JAX_SUITE_BUDGET_S": "100"})
+    assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
