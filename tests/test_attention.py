@@ -80,6 +80,7 @@ def test_blockwise_bfloat16_close_to_float32():
     np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=0.05)
 
 
+@pytest.mark.slow
 def test_splash_interpreted_equals_plain():
     """The TPU splash kernel (Pallas interpreter on CPU) through the same interface:
     packed segments, GQA; values and gradients."""
@@ -138,6 +139,7 @@ def test_chunked_logprobs_equal_full_softmax():
 
 @pytest.mark.parametrize("attention,remat", [("blockwise", "full"), ("blockwise", "dots"),
                                              ("splash", "none")])
+@pytest.mark.slow
 def test_decoder_score_matches_plain_logits(attention, remat):
     """Decoder.score with another attention / remat = log_softmax of the plain forward's logits,
     values and parameter gradients, on a packed batch."""

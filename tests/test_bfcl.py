@@ -131,6 +131,7 @@ def _fmt():
     return ChatFormat(tiny_tokenizer(template="qwen"))
 
 
+@pytest.mark.slow
 def test_ground_truth_replays_at_one_in_every_category():
     """The scripted expert (each turn's ground-truth calls in one action, then a reply)
     through the environments under `full` with room for every history: all 800 tasks pass

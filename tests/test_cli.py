@@ -14,6 +14,7 @@ from tests.helpers import make_hf_model
 pytestmark = pytest.mark.xdist_group("test_cli")   # module fixtures: built on one worker
 
 
+@pytest.mark.slow
 def test_generate_and_export(tmp_path):
     src = tmp_path / "m"
     make_hf_model("qwen2_bias_gqa", str(src))
@@ -86,6 +87,7 @@ def test_missing_or_unreadable_model_path(cmd, tmp_path, capsys):
     _one_line_error(capsys, _argv(cmd, tmp_path, str(partial)), "config.json", "num_attention_heads")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["train", "sft"])
 @pytest.mark.parametrize("name", ["paper_fncall_supo.py", "paper_search_supo.py", "bfcl_supo.py"])
 def test_a_pretrained_models_config_without_a_model_refuses(cmd, name, tmp_path, capsys):

@@ -11,6 +11,7 @@ from supo_jax.config import Config, ConfigError, apply_overrides, from_dict, loa
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py"))))
 def test_every_experiment_config_loads_and_roundtrips(path):
     try:

@@ -44,6 +44,7 @@ def _ids(policy, seed=0):
     return np.random.RandomState(seed).randint(0, policy.config.vocab_size, (2, 17))
 
 
+@pytest.mark.slow
 def test_adapters_start_as_the_base_and_export_to_peft_with_logit_parity(base, tmp_path):
     """Zero B: the adapted policy's logits are the base's. With random adapters: peft's
     PeftModel on the transformers base, transformers on the merged export (run_dir/hf's form)
@@ -95,6 +96,7 @@ def test_subset_of_targets_and_peft_errors(base, tmp_path):
         load_peft(other.model, str(tmp_path / "p"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base_dtype", ["", "int8"])
 def test_decode_merges_adapters_into_its_layer_copy(base, base_dtype):
     """The unrolled decode's per-layer copy holds W + (alpha / r) A @ B and no adapters (an
@@ -159,6 +161,7 @@ def _batch(toks, prompt_len):
                       advantages=np.ones((r, t), np.float32))
 
 
+@pytest.mark.slow
 def test_bf16_sampler_sees_a_small_adapter_update_as_the_trainer_does(base):
     """bfloat16 compute, after a small update (every B entry +-1e-3: most of W + scale * A @ B
     rounds back to W in bfloat16): the sampler's logprobs match the trainer's recomputed ones
@@ -205,6 +208,7 @@ def _step(policy, *, kl=0.0, ref_params=None):
     return before, jax.tree.map(np.asarray, nnx.to_pure_dict(params)), opt_state, m
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_carry_optimizer_state(base):
     """The optimizer's moments are the adapters' shapes, nothing else; an update changes
     every adapter B (A's gradient is zero while B is) and leaves the base bitwise as it was;
@@ -227,6 +231,7 @@ def test_only_the_adapters_train_and_carry_optimizer_state(base):
     assert float(m["kl_ref"]) == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_int8_base_qlora_trains_a_step(base):
     """model.lora_base_dtype=int8: every target's base is int8 with a scale per output
     channel, within half a step of the float weight; the forward dequantizes it (logits

@@ -69,6 +69,7 @@ def test_train_step_flops_match_the_hand_count(tmp_path, shape, rows, T):
     assert p["xla_cost_analysis"]["flops"] < 0.6 * p["flops_per_chip"]
 
 
+@pytest.mark.slow
 def test_decode_flops_loops_and_serving_collectives(tmp_path):
     """One decode chunk on v5litepod-4: FLOPs within 10% of 2 N a generated token plus
     attention over the W slots; the token loop counted at its bound (steps) and the layer

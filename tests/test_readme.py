@@ -15,6 +15,7 @@ API = DOCS["API.md"]
 BLOCKS = re.findall(r"```python\n(.*?)```", API, re.S)
 
 
+@pytest.mark.slow
 def test_public_api_blocks_run_as_written(tmp_path, monkeypatch):
     from supo_jax.model.policy import new_policy
     from supo_jax.model.tiny import tiny_config, tiny_tokenizer
@@ -58,8 +59,10 @@ def _table(text):
 # is deterministic on one CPU; another CPU's floating-point rounding samples other tokens):
 # about 1.5x the largest difference seen between two 2-core machines (README, Quickstart).
 # The state share of step 30's training rollouts rests on about 30 summaries: 0.800 in the
-# README's run, 1.000 on CI's machine (experiments/LOG.md, 2026-11-28), so 0.25 there
-QUICK_TOLERANCE = {"success_rate": 0.2, "overlong_rate": 0.15, "summary_state_share": 0.25,
+# README's run, 1.000 on CI's machine (experiments/LOG.md, 2026-11-28), so 0.25 there; step
+# 30's overlong rate (32 rollouts) was 0.188 against the README's 0.031 on another 2-core
+# AMD EPYC (experiments/LOG.md, 2026-11-29), so 0.25 there
+QUICK_TOLERANCE = {"success_rate": 0.2, "overlong_rate": 0.25, "summary_state_share": 0.25,
                    "summaries_mean": 0.6, "tool_calls_mean": 1.5}
 
 

@@ -332,6 +332,7 @@ class _Recorder:
         return out
 
 
+@pytest.mark.slow
 def test_policy_rollouts_train_on_exactly_what_the_sampler_saw(fmt):
     pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
     cfg = ContextConfig("supo", 1100, max_steps=6, max_summaries=2, max_action_tokens=40,
@@ -414,6 +415,7 @@ def test_independent_rows_give_the_turn_synchronous_rollouts(fmt, name):
     assert calls[False] > calls[True]
 
 
+@pytest.mark.slow
 def test_policy_rows_sample_the_same_tokens_independent_or_in_rounds(fmt):
     """A PolicyActor whose rows join and leave the decode batch at chunk boundaries samples
     each rollout's tokens from its own stream: the rollouts equal the turn-synchronous
@@ -511,6 +513,7 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
     assert len(recs) == 2 and all(x["counters"]["steps"] >= 1 for x in recs)
 
 
+@pytest.mark.slow
 def test_policy_actor_without_cache_reuse_prefills_everything_and_samples_the_same(fmt):
     """reuse_cache=False (the rollout benchmark's baseline) re-prefills each whole request."""
     pol = new_policy(tiny_config("qwen2", vocab_size=len(fmt.tokenizer)), seed=0)
@@ -708,6 +711,7 @@ def test_a_resume_whose_replay_differs_fails_that_rollout_only(fmt):
     assert all(done[(1, s)].reason != "env_error" for s in range(2))
 
 
+@pytest.mark.slow
 def test_policy_rollouts_cut_and_resumed_under_the_same_weights_are_the_straight_ones(fmt):
     """A PolicyActor's rollouts cut at a token budget and resumed phase after phase (a new
     sampler each phase, the same weights and key) draw the same tokens as run straight: a

@@ -64,6 +64,7 @@ def test_long_appends_prefill_in_chunks(policy):
     assert [a[r].tokens for r in range(3)] == [b[r].tokens for r in range(3)]
 
 
+@pytest.mark.slow
 def test_prefill_of_a_few_rows_computes_only_them(policy):
     """A new prompt in one freed row while the others wait: only that row is prefilled
     (its count bucketed: 1 of 4 rows); the cache and logits equal the whole-batch prefill's,
@@ -98,6 +99,7 @@ def test_prefill_of_a_few_rows_computes_only_them(policy):
         np.testing.assert_allclose(a[r].logprobs, b[r].logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unroll", [True, False])
 def test_decode_of_a_few_rows_runs_only_them(policy, unroll):
     """3 of 8 rows generating: decode runs on 4 rows (the 3 and an idle one, whose context is
@@ -458,6 +460,7 @@ def test_rope_table_lookup_equals_computed_rope():
     assert float(jnp.abs(ca.k[:, 1, :, 7:11]).sum()) > 0
 
 
+@pytest.mark.slow
 def test_a_rows_tokens_depend_on_its_stream_alone():
     """A row samples the same tokens alone or beside other rows, in one decode call or cut
     into calls of 8 steps that other rows join and leave (Sampler.start / advance): its

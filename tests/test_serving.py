@@ -25,6 +25,7 @@ def _sample(policy, temperature):
     return [out[i] for i in range(8)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [(1, 8, 1), (2, 2, 2)])
 def test_serving_layout_samples_what_the_training_layout_samples(train):
     """Tokens equal and logprobs within 1e-5 (float32) on tensor groups of 1, 2 and 4 of the 8

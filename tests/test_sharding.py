@@ -49,6 +49,7 @@ def test_mesh_errors():
     assert make_mesh(2, -1, 2).shape == {"data": 2, "fsdp": 2, "tensor": 2}
 
 
+@pytest.mark.slow
 def test_sampler_cache_sharded_over_rows_and_kv_heads(ckpt):
     """Sampling on the training mesh: the KV cache and the last logits are made sharded (rows
     over data x fsdp, kv heads over tensor; a device holds 1/8 of the cache), and a

@@ -67,6 +67,7 @@ def _fake_train(calls):
     return train
 
 
+@pytest.mark.slow
 def test_run_collect_report_resume_and_host_shares(tmp_path):
     out = str(tmp_path)
     runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])), [0, 2], out)

@@ -29,6 +29,7 @@ def _fits(p):
     assert p["bound"] in ("compute", "hbm", "ici")
 
 
+@pytest.mark.slow
 def test_sampler_prefill_and_decode_compile_and_fit():
     """The CPU recipe's prefill (W = 446 tokens into 512 slots: the sampler rounds its cache up
     to a multiple of 128) and one decode chunk (64 steps) at its 32 sampler rows, tiny model
@@ -83,6 +84,7 @@ def test_remat_offload_keeps_layer_inputs_in_host_memory():
     assert got["offload"]["temp"] < got["full"]["temp"]
 
 
+@pytest.mark.slow
 def test_host_copy_and_training_layout_decodes_are_reported_beside():
     """--host-copy: the decode of one host's share of the rows on its own chips (v5e hosts
     hold 4 chips, each a quarter of the policy); --training-layout: the same rows' decode on

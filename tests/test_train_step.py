@@ -24,6 +24,7 @@ def _segments(n=8, seed=0):
     return out
 
 
+@pytest.mark.slow
 def test_microbatches_accumulate_to_the_full_batch_gradient():
     pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)
     graphdef, params = pol.split()
@@ -37,6 +38,7 @@ def test_microbatches_accumulate_to_the_full_batch_gradient():
     np.testing.assert_allclose(m1["clip_fraction"], m4["clip_fraction"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_positive_advantage_raises_likelihood():
     pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=1)
     graphdef, params = pol.split()
@@ -58,6 +60,7 @@ def test_positive_advantage_raises_likelihood():
     assert np.isfinite(float(m["grad_norm"])) and float(m["tokens"]) == batch.mask.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_devices   # 8 simulated CPU devices (see conftest)
 def test_sharded_train_step_matches_single_device():
     cfg = tiny_config("qwen2", vocab_size=97)
@@ -100,6 +103,7 @@ def test_recomputed_logprobs_equal_sampler_logprobs():
     np.testing.assert_allclose(lp * batch.mask, batch.old_logp * batch.mask, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_update_corrects_for_the_behaviour_policy_against_the_recomputed_one():
     """optim.recompute_old_logprobs with loss.behaviour_correction: the update clips against
     the trainer's recomputed log-probabilities and weighs each token by p_prox / p_behav
@@ -144,6 +148,7 @@ def test_the_update_corrects_for_the_behaviour_policy_against_the_recomputed_one
     assert dist(got, want) < 0.01 * dist(got, none)
 
 
+@pytest.mark.slow
 def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_one_rate():
     from supo_jax.rl.train_step import learning_rate
     assert learning_rate(0, 1.0) == learning_rate(99, 1.0) == 1.0
@@ -183,6 +188,7 @@ def test_learning_rate_schedules_count_rl_steps_and_every_update_of_a_step_uses_
     assert 0 < moved <= 2.2e-3   # two Adam updates of at most ~lr each, not of lr 1.0
 
 
+@pytest.mark.slow
 def test_max_kl_skips_the_update_once_the_policy_has_left_the_trust_region():
     """train_step(max_kl=...): applied while the batch's approx KL (policy vs the batch's old
     logprobs) is within max_kl; beyond it, params and optimizer state come back unchanged."""
