@@ -43,8 +43,7 @@ QUICK = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
 
 
 
-def methods(W: int, S: int, action_tokens: int = 48,
-            summary_tokens: int = 48) -> list[tuple[str, str, dict]]:
+def methods(W: int, S: int, summary_tokens: int = 48) -> list[tuple[str, str, dict]]:
     """(directory, label, overrides) of each trained method."""
     scaling = "(" + ", ".join(str(s) for s in (0, S, 2 * S, 4 * S)) + ",)"
     return [
@@ -56,10 +55,9 @@ def methods(W: int, S: int, action_tokens: int = 48,
         ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
          {"advantage.estimator": "trajectory_group"}),
         # the other context managers at the same W, update and warm start (docs/SUPO.md §2)
-        # a reply holds the state as well as the call: the action and summary budgets together
+        # a reply holds the state as well as the call: the state block gets the summary's budget
         ("state", f"Per-turn state, MEM1-style (W={W})",
-         {"context.manager": "state",
-          "context.max_action_tokens": str(action_tokens + summary_tokens)}),
+         {"context.manager": "state", "context.max_state_tokens": str(summary_tokens)}),
         ("fold", f"Context folding (W={W})", {"context.manager": "fold"}),
         ("clear", f"Tool-result clearing (W={W})", {"context.manager": "clear"}),
     ]
@@ -127,7 +125,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     base = C.load_config(args.config, sets)
     W, S = base.context.working_context, base.context.max_summaries
-    ms = methods(W, S, base.context.max_action_tokens, base.context.max_summary_tokens)
+    ms = methods(W, S, base.context.max_summary_tokens)
     if args.methods:
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
         unknown = sorted(set(wanted) - {m[0] for m in ms})

@@ -344,7 +344,7 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
     out = {"prefill": (prefill, (graphdef, params, cache, jax.ShapeDtypeStruct(
         (B, t), jnp.int32, sharding=NamedSharding(mesh, spec_for(("batch", None), (B, t), mesh))),
         vec(jnp.int32)), dict(attend_len=W))}
-    steps = bucket(max(ctx.max_action_tokens, ctx.max_summary_tokens), 8)
+    steps = bucket(max(ctx.action_tokens, ctx.max_summary_tokens), 8)
     steps = min(steps, 64)                                 # Sampler's decode_chunk
     sp = SamplingParams(r.temperature, r.top_k, r.top_p)
     logits_sh = NamedSharding(mesh, spec_for(("batch", None), (B, mc.vocab_size), mesh))

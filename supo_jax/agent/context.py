@@ -12,7 +12,8 @@ generation prompt) or "done" (with `state.reason`).
 
 No request plus its output, and no training row, exceeds ContextConfig.row_bound tokens:
 W, except for a summary under the paper's rule. An action's budget is min(max_action_tokens,
-W - request length). The manager acts at L (ContextConfig.trigger_rule):
+W - request length) (under `state`, max_action_tokens + max_state_tokens: the reply's state
+block has a budget of its own). The manager acts at L (ContextConfig.trigger_rule):
   paper    L = floor(trigger_ratio * W), the paper's 0.95 W (clamped to W - generation
            prompt - 1, so that an action always has a token of room; this binds only when
            W is below ~20 generation prompts). As in the paper (docs/SUPO.md §2), the summary
@@ -45,7 +46,8 @@ Managers (ContextConfig.manager):
   truncate           drop the oldest turns until the context fits below L.
   window             keep only the last `window_turns` turns.
   state              MEM1-style per-turn state: the task prompt asks every reply to begin
-                     with <state></state> (STATE_INSTRUCTION); after every turn the context
+                     with <state></state> (STATE_INSTRUCTION), within max_state_tokens
+                     beside the call's max_action_tokens; after every turn the context
                      is s1 + the latest action + its observation (window with one turn,
                      every turn): each turn closes a row whose action (state and call) is
                      trained. A reply without a state block is kept as written (the agent
@@ -113,6 +115,7 @@ class ContextConfig:
     window_turns: int = 4
     summary_counts_as_step: bool = True
     state_instruction: str = STATE_INSTRUCTION   # state: appended to the task prompt
+    max_state_tokens: int = 256        # state: a reply's <state> block, beyond max_action_tokens
     max_branches: int = 8                        # fold: branches a rollout may open
 
     def __post_init__(self):
@@ -125,7 +128,7 @@ class ContextConfig:
         if not 0 < self.trigger_ratio <= 1:
             raise ValueError(f"context.trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         for f in ("working_context", "max_steps", "max_action_tokens", "max_summary_tokens",
-                  "max_observation_tokens", "window_turns"):
+                  "max_observation_tokens", "window_turns", "max_state_tokens"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"context.{f} must be positive, got {getattr(self, f)}")
         if self.max_summaries < 0:
@@ -188,7 +191,13 @@ class ContextConfig:
             if self.trigger_rule == "paper":
                 return self.max_summary_tokens
             return min(self.max_summary_tokens, self.working_context - request_len)
-        return min(self.max_action_tokens, self.working_context - request_len)
+        return min(self.action_tokens, self.working_context - request_len)
+
+    @property
+    def action_tokens(self) -> int:
+        """An action's own budget: max_action_tokens, and under `state` its <state> block's
+        max_state_tokens beside it (a reply holds both; W still bounds the two together)."""
+        return self.max_action_tokens + (self.max_state_tokens if self.manager == "state" else 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,7 +144,7 @@ def report_env_errors(rollouts: Sequence[Rollout], log: Callable[[str], None] = 
 
 def _solved_none(cfg: Config, ro) -> ValueError:
     hint = ("; under context.manager=state a reply holds its <state> block as well as its "
-            "call: raise context.max_action_tokens" if cfg.context.manager == "state" else "")
+            "call: raise context.max_state_tokens" if cfg.context.manager == "state" else "")
     return ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks under "
                       f"this context config (reasons: {summarize(ro)['reasons']}); raise "
                       f"context.max_steps / max_summaries / working_context{hint}")

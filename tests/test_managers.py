@@ -1,0 +1,53 @@
+"""Context managers where a user first switches them on: the CPU recipe's settings, each
+built-in fncall family as `supo-jax rollout --env fncall/<family> --policy scripted --context
+<manager>` runs it (the family's own knobs, the config's tokenizer), the scripted expert."""
+import functools
+
+import pytest
+
+FAMILIES = ("tallest", "count", "pages", "graph", "chain", "listing")
+
+
+@functools.lru_cache(maxsize=None)
+def _expert(family: str, manager: str, n: int = 4) -> dict:
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize
+    from supo_jax.config import load_config
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.envs.experts import expert_for, for_context
+    from supo_jax.rl.runs import env_tokenizer
+
+    cfg = load_config(None, [f"env.name=fncall/{family}", f"context.manager={manager}",
+                             "train.sft_warm_start=false"])
+    fmt = ChatFormat(env_tokenizer(cfg))
+    tasks = make_tasks(cfg.env.name, "train", n, seed=cfg.env.seed, **cfg.env.knobs)
+    ro = run_rollouts(ScriptedActor(for_context(expert_for(cfg.env.name), cfg.context), fmt),
+                      lambda: make_env(cfg.env.name), tasks, fmt, cfg.context, rows=n)
+    cut = sum("unterminated <tool_call>" in m.get("content", "") for r in ro
+              for m in r.transcript if m.get("role") == "tool")
+    return dict(summarize(ro), cut_calls=cut)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_solves_every_family_supo_solves_with_its_block_budgeted(family):
+    """`state` gives its <state> block a budget of its own (context.max_state_tokens) beside
+    the call's: no reply is cut inside its call, and the expert solves whatever it solves under
+    `supo` (tallest: 0 of 16 when the block shared the call's 48 tokens)."""
+    supo, state = _expert(family, "supo"), _expert(family, "state")
+    assert state["states_mean"] > 0, state
+    assert state["success_rate"] >= supo["success_rate"], (supo, state)
+    if supo["success_rate"] > 0:   # graph's default 16 nodes outgrow a 48-token state under both
+        assert state["cut_calls"] == 0, state
+    if family == "tallest":
+        assert state["success_rate"] == 1.0, state
+
+
+def test_state_block_budget_is_its_own_setting_counted_in_w():
+    from supo_jax.agent.context import ContextConfig
+
+    c = ContextConfig("state", 400, max_action_tokens=48, max_state_tokens=40)
+    assert c.budget(100, summary=False) == 88 and c.budget(350, summary=False) == 50
+    assert ContextConfig("supo", 400, max_action_tokens=48, max_state_tokens=40).budget(
+        100, summary=False) == 48
+    with pytest.raises(ValueError, match="context.max_state_tokens must be positive"):
+        ContextConfig("state", 400, max_state_tokens=0)
