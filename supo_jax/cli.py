@@ -195,13 +195,14 @@ def _cmd_eval(args) -> None:
 
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import check_prompt_fits
-    from supo_jax.rl.trainer import evaluate_caps
+    from supo_jax.rl.trainer import evaluate_caps, expert_ceiling
     from supo_jax.utils import json_safe
 
     cfg = _run_config(args)
     policy = _restore_policy(cfg)
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt, "eval")
+    expert_ceiling(cfg, fmt)     # one line when the ideal agent solves none at these settings
     caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
     rows = evaluate_caps(policy, fmt, cfg, caps, seed=cfg.train.seed)
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
@@ -242,10 +243,10 @@ def _cmd_sft(args) -> None:
 
 def _cmd_rollout(args) -> None:
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize, write_jsonl
+    from supo_jax.agent.rollout import summarize, write_jsonl
     from supo_jax.config import describe, load_config
-    from supo_jax.envs import make_env, make_tasks
-    from supo_jax.envs.experts import expert_for, for_context, has_expert
+    from supo_jax.envs import make_tasks
+    from supo_jax.envs.experts import has_expert
     from supo_jax.rl.runs import check_prompt_fits
 
     # env.name first: task knobs belong to the config's own environment (apply_overrides)
@@ -266,11 +267,14 @@ def _cmd_rollout(args) -> None:
     tasks = make_tasks(cfg.env.name, args.split, args.num, seed=cfg.env.seed, **cfg.env.knobs)
     if args.policy == "scripted":
         from supo_jax.rl.runs import env_tokenizer
+        from supo_jax.rl.trainer import scripted_rollouts
         fmt = ChatFormat(env_tokenizer(cfg))   # the tokenizer a tiny policy of this config has
         check_prompt_fits(cfg, fmt, args.split)
-        ro = run_rollouts(ScriptedActor(for_context(expert_for(cfg.env.name), cfg.context), fmt),
-                          lambda: make_env(cfg.env.name), tasks, fmt, cfg.context,
-                          rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
+        ro, actor = scripted_rollouts(cfg, fmt, tasks)
+        if not summarize(ro)["success_rate"]:
+            from supo_jax.rl.trainer import solved_none_line
+            print(solved_none_line(cfg, ro, actor) + ": change those settings (--set) or the "
+                  "task's knobs (--set 'env.knobs.size=...')", flush=True)
     else:
         from supo_jax.rl.runs import build_policy
         from supo_jax.rl.trainer import rollout_batch
@@ -279,12 +283,17 @@ def _cmd_rollout(args) -> None:
             raise ValueError(f"{args.policy} has no tokenizer")
         fmt = ChatFormat(policy.tokenizer)
         check_prompt_fits(cfg, fmt, args.split)
+        from supo_jax.rl.trainer import expert_ceiling
+        ceiling = expert_ceiling(cfg, fmt)
         ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
     s = summarize(ro)
+    if args.policy != "scripted" and ceiling:
+        s["expert_success_rate"] = ceiling["expert_success_rate"]
     own = {"clear": ("cleared_mean",), "state": ("states_mean",), "fold": ("folds_mean",)}
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
               *own.get(cfg.context.manager, ()), "working_context_mean", "working_context_max",
-              "effective_context_mean", "summary_state_share", "reasons"):
+              "effective_context_mean", "summary_state_share", "reasons",
+              *(("expert_success_rate",) if "expert_success_rate" in s else ())):
         v = s[k]
         print(f"{k:24s} {'-' if isinstance(v, float) and math.isnan(v) else v}")
     if args.out:

@@ -261,6 +261,7 @@ def test_environment_check_command_verbatim(rc_dir):
     assert sum("eval/success_rate" in m for m in metrics) == 2      # before and after
     ev = json.loads((run / "eval.json").read_text())
     assert ev["sft_demo_success"] == 1.0 and ev["sft_loss_last"] < ev["sft_loss_first"]
+    assert ev["expert_success_rate"] == 1.0 and ev["expert_cut_actions"] == 0   # its ceiling
     assert (run / "hf" / "config.json").exists() and (run / "checkpoints").is_dir()
 
 

@@ -164,7 +164,8 @@ def test_eval_uses_the_runs_saved_settings(tmp_path, trained_run, monkeypatch, c
     run = str(tmp_path / "run")
     shutil.copytree(trained_run, run)
     saved = load_config(CONFIG, [f"train.run_dir=elsewhere", "env.name=fncall/count",
-                                 "env.knobs.size=3", "context.max_summaries=2"])
+                                 "env.knobs.size=3", "context.max_summaries=2",
+                                 "context.max_action_tokens=96"])
     with open(os.path.join(run, "config.json"), "w") as f:
         json.dump(to_dict(saved), f, default=str)
     seen = []
@@ -186,7 +187,7 @@ def test_eval_uses_the_runs_saved_settings(tmp_path, trained_run, monkeypatch, c
     # the file the run was made with, plus the --set it was made with: no difference
     assert main(["eval", "--config", CONFIG, "--set", f"train.run_dir={run}", "--set",
                  "env.name=fncall/count", "--set", "env.knobs.size=3", "--set",
-                 "context.max_summaries=2"]) == 0
+                 "context.max_summaries=2", "--set", "context.max_action_tokens=96"]) == 0
     capsys.readouterr()
     assert main(["eval", "--config", CONFIG, "--set", f"train.run_dir={run}"]) == 2
     err = capsys.readouterr().err   # like a refused resume: one line per difference

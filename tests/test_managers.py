@@ -51,3 +51,29 @@ def test_state_block_budget_is_its_own_setting_counted_in_w():
         100, summary=False) == 48
     with pytest.raises(ValueError, match="context.max_state_tokens must be positive"):
         ContextConfig("state", 400, max_state_tokens=0)
+
+
+def test_the_experts_ceiling_names_what_ran_out_and_cut_actions_are_a_config_error():
+    """Before training (train, eval, rollout with a model): the scripted expert under the
+    run's settings. fncall/count's own knobs at the recipe's W run out of summaries: one line
+    says so; every action cut at its budget stops the command naming the setting."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.config import ConfigError, load_config
+    from supo_jax.rl.runs import env_tokenizer
+    from supo_jax.rl.trainer import expert_ceiling
+
+    cfg = load_config(None, ["env.name=fncall/count"])
+    fmt = ChatFormat(env_tokenizer(cfg))
+    lines = []
+    got = expert_ceiling(cfg, fmt, n=4, log=lines.append)
+    assert got["expert_success_rate"] == 0.0 and got["expert_cut_actions"] == 0
+    assert len(lines) == 1 and "summaries (context.max_summaries)" in lines[0], lines
+    lines.clear()
+    cfg = load_config(None, ["env.name=fncall/count", "env.knobs.size=[5, 9]"])
+    assert expert_ceiling(cfg, fmt, n=4, log=lines.append)["expert_success_rate"] == 1.0
+    assert not lines
+    cfg = load_config(None, ["context.manager=state", "context.max_action_tokens=8",
+                             "context.max_state_tokens=8"])
+    with pytest.raises(ConfigError, match=r"context.max_action_tokens \+ context.max_state_tokens"
+                                          r" = 16: every action .* was cut"):
+        expert_ceiling(cfg, ChatFormat(env_tokenizer(cfg)), n=2)

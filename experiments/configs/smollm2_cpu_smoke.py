@@ -37,7 +37,9 @@ def config() -> Config:
         env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
         # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
         context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
-                              max_action_tokens=24, max_summary_tokens=24,
+                              # 64: the scripted expert's call takes 55 tokens of SmolLM2's
+                              # tokenizer (a budget under it cuts every call: a config error)
+                              max_action_tokens=64, max_summary_tokens=24,
                               max_observation_tokens=48, trigger_rule="reserve",
                               summary_role="user"),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),

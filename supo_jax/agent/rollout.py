@@ -165,6 +165,7 @@ class ScriptedActor:
     def __init__(self, expert: Expert, fmt: ChatFormat) -> None:
         self.expert, self.fmt = expert, fmt
         self.cut_summaries = 0   # summaries longer than their budget (cut: they lose state)
+        self.actions = self.cut_actions = 0   # actions, and those longer than their budget
 
     def act(self, requests: Sequence[Request]) -> list[Generation]:
         out = []
@@ -179,6 +180,9 @@ class ScriptedActor:
                         "is cut, which ends the rollout (summary_cut); raise "
                         "context.max_summary_tokens or make the expert's summary() shorter",
                         stacklevel=2)
+            if not r.summarize:
+                self.actions += 1
+                self.cut_actions += len(ids) > r.max_new
             ids = ids[:r.max_new]
             out.append(Generation(ids, [0.0] * len(ids)))
         return out

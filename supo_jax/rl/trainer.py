@@ -150,6 +150,73 @@ def _solved_none(cfg: Config, ro) -> ValueError:
                       f"context.max_steps / max_summaries / working_context{hint}")
 
 
+# what ran out, by the reason a rollout ended, for the expert's-ceiling line
+_RAN_OUT = {"context_limit": "the working context (context.working_context)",
+            "max_steps": "steps (context.max_steps)",
+            "max_summaries": "summaries (context.max_summaries)",
+            "summary_cut": "the summary budget (context.max_summary_tokens)"}
+
+
+def expert_ceiling(cfg: Config, fmt: ChatFormat, n: int = 8,
+                   log: Callable[[str], None] = print) -> dict:
+    """The scripted expert on n training tasks under this run's context settings: the ideal
+    agent's reach under this manager at this W, the ceiling an RL run can approach ({} where
+    the environment has no expert). One line when it solves none, naming what ran out; a
+    ConfigError when every one of its actions was cut at its budget (a setting that makes
+    every action unparseable)."""
+    from supo_jax.envs import make_tasks
+    from supo_jax.envs.experts import has_expert
+
+    name = cfg.env.name
+    if not has_expert(name):
+        return {}
+    tasks = make_tasks(name, "train", n, seed=30_000 + cfg.env.seed, **cfg.env.knobs)
+    ro, actor = scripted_rollouts(cfg, fmt, tasks)
+    s = summarize(ro)
+    if s["success_rate"] == 0 and is_main():
+        log(solved_none_line(cfg, ro, actor) + ". Rewards will be rare: change those settings "
+            "or the task's knobs (env.knobs)")
+    return {"expert_success_rate": s["success_rate"], "expert_reasons": s["reasons"],
+            "expert_cut_actions": actor.cut_actions, "expert_actions": actor.actions}
+
+
+def solved_none_line(cfg: Config, ro: Sequence[Rollout], actor) -> str:
+    """One line: the scripted expert solved none of `ro`, and what ran out."""
+    c, reasons = cfg.context, summarize(ro)["reasons"]
+    ran_out = [_RAN_OUT[k] for k in reasons if k in _RAN_OUT]
+    if actor.cut_actions:
+        ran_out.append(f"the action budget ({_action_budget(c)}: {actor.cut_actions} of "
+                       f"{actor.actions} actions cut)")
+    return (f"expert ceiling: the scripted expert solves none of {len(ro)} {cfg.env.name} tasks "
+            f"under context.manager={c.manager} at W = {c.working_context} (reasons: {reasons}, "
+            f"knobs: {cfg.env.knobs or 'the environment defaults'}); what ran out: "
+            f"{', '.join(ran_out) or 'nothing named'}")
+
+
+def _action_budget(c: ContextConfig) -> str:
+    return "context.max_action_tokens" + (" + context.max_state_tokens"
+                                          if c.manager == "state" else "")
+
+
+def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
+    """(rollouts, actor) of the environment's scripted expert on `tasks` under cfg.context; a
+    ConfigError naming the action budget when every one of its actions was cut at it (then no
+    action parses: a configuration error, not a result)."""
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+    from supo_jax.envs import make_env
+    from supo_jax.envs.experts import expert_for, for_context
+
+    name, c = cfg.env.name, cfg.context
+    actor = ScriptedActor(for_context(expert_for(name), c), fmt)
+    ro = run_rollouts(actor, lambda: make_env(name), tasks, fmt, c,
+                      rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
+    if actor.actions and actor.cut_actions == actor.actions:
+        raise ConfigError(f"{_action_budget(c)} = {c.action_tokens}: every action of the scripted "
+                          f"expert on {name} was cut at it ({actor.actions} of {actor.actions}), "
+                          f"so none parses under context.manager={c.manager}; raise it")
+    return ro, actor
+
+
 def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = True) -> dict:
     """SFT on demonstrations (scripted experts by default). Returns a small report."""
     from supo_jax.envs import make_tasks
@@ -408,7 +475,9 @@ def open_run(cfg: Config) -> Run:
         run.report["resumed_from"] = run.start
         if is_main():
             print(f"resumed from {run_dir} step {run.start}")
-    elif not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
+    if restored is None:
+        run.report.update(expert_ceiling(cfg, fmt))
+    if restored is None and not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
         # (experiments/reeval.py), roll out or train from (train.init_from)
