@@ -126,6 +126,8 @@ class TrainSection:
     keep: int = 3
     eval_every: int = 0            # 0 = only at the end
     eval_before: bool = True       # also evaluate the starting policy (step 0 in metrics.jsonl)
+    expert_ceiling: int = 8        # a new run first rolls out the scripted expert on this many
+                                   # training tasks (its ceiling, eval.json); 0: not
     eval_temperature: float = 0.0  # 0 = greedy (one rollout per task)
     eval_samples: int = 1          # rollouts per eval task when eval_temperature > 0
     eval_max_summaries: tuple = ()  # extra summary caps evaluated at the end
@@ -571,7 +573,8 @@ def to_dict(cfg) -> dict:
 # evaluates, logging
 RESUMABLE_KEYS = ("train.run_dir", "train.steps", "train.save_every", "train.keep",
                   "train.eval_every",
-                  "train.eval_before", "train.eval_temperature", "train.eval_samples",
+                  "train.eval_before", "train.expert_ceiling", "train.eval_temperature",
+                  "train.eval_samples",
                   "train.eval_max_summaries", "train.progress", "train.accept_config_change",
                   "env.eval_tasks", "env.eval_knobs")
 

@@ -33,7 +33,9 @@ CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
 # update changes the parameters; short rollouts (8 turns, 2 summaries) and one eval task
 # fncall/pages, where an environment variable can make a process stop itself
 # (tests/worker_envs.py: stopping/pages)
+# (no expert's ceiling: its resets would come before the step-1 reset that stops a process)
 SETS = ["train.steps=2", "train.sft_warm_start=false", "advantage.masked_reasons=[]",
+        "train.expert_ceiling=0",
         "loss.entropy_coef=0.05", "context.max_steps=8", "env.eval_tasks=1",
         "train.eval_before=false", "env.name=stopping/pages",
         'env.imports=["tests.worker_envs"]']

@@ -475,8 +475,8 @@ def open_run(cfg: Config) -> Run:
         run.report["resumed_from"] = run.start
         if is_main():
             print(f"resumed from {run_dir} step {run.start}")
-    if restored is None:
-        run.report.update(expert_ceiling(cfg, fmt))
+    if restored is None and cfg.train.expert_ceiling:
+        run.report.update(expert_ceiling(cfg, fmt, cfg.train.expert_ceiling))
     if restored is None and not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
