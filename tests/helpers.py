@@ -93,3 +93,20 @@ def same_run(a, b):
                 assert math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-9), (x.get("step"), k, u, v)
             else:
                 assert u == v, (x.get("step"), k, u, v)
+
+
+def same_rollouts(a, b, path="rollouts"):
+    """Two runs' rollouts (to_json()) agree: tokens, masks, counts and rewards exactly; float
+    figures (logprobs) to rounding, for the reason same_run gives."""
+    if isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), (path, a, b)
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), (path, a.keys(), b.keys())
+        for k in a:
+            same_rollouts(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        assert len(a) == len(b), (path, len(a), len(b))
+        for i, (u, v) in enumerate(zip(a, b)):
+            same_rollouts(u, v, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)

@@ -38,20 +38,18 @@ class _Budget:
         self.seconds: dict[str, float] = {}
         self.slow: set[str] = set()
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items):
-        self.slow = {item.nodeid for item in items if item.get_closest_marker("slow")}
-
     def pytest_runtest_logreport(self, report):
+        # under pytest-xdist the controller sees reports, not items: the marks are keywords
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if "slow" in report.keywords:
+            self.slow.add(report.nodeid)
 
     def over(self) -> list[str]:
         """The tests over the per-test limit that are neither slow nor listed."""
         def base(nodeid):   # without parameters and the xdist group suffix
             return nodeid.split("@")[0].split("[")[0]
         return [f"{s:.1f} s {n}" for n, s in sorted(self.seconds.items(), key=lambda x: -x[1])
-                if s > self.limit and n not in self.slow and n.split("@")[0] not in self.slow
-                and base(n) not in self.allowed]
+                if s > self.limit and n not in self.slow and base(n) not in self.allowed]
 
     def budget(self) -> tuple[str, float]:
         """(which budget, seconds) for this run; 0 when the run is a selection."""
@@ -67,8 +65,8 @@ class _Budget:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session):
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            return       # the controller holds every worker's reports
+        if hasattr(self.config, "workerinput"):
+            return       # a pytest-xdist worker: the controller holds every worker's reports
         lines = []
         over = self.over()
         if over:

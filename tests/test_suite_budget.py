@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 TESTS = '''
 import time, pytest
 
@@ -42,8 +44,9 @@ def _run(tmp_path, budget, *args, limit=1, env=None):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path):
-    r = _run(tmp_path, 0, "t")
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])   # xdist: the controller's verdict
+def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path, workers):
+    r = _run(tmp_path, 0, "t", *workers)
     assert r.returncode == 1, r.stdout
     assert "4 passed" in r.stdout
     over = [ln for ln in r.stdout.splitlines() if ln.startswith("suite budget:")]
