@@ -1,5 +1,6 @@
 """The project's programs compiled ahead of time for a TPU slice, on a machine without a TPU
 (supo_jax.plan: libtpu describes the slice, XLA compiles for its chips; nothing runs)."""
+import functools
 import importlib.util
 import time
 
@@ -45,13 +46,21 @@ def test_sampler_prefill_and_decode_compile_and_fit():
     assert rep["programs"]["prefill"]["bytes_per_chip"]["alias"] > 0   # the donated cache
 
 
+@functools.lru_cache(maxsize=None)
+def _train_step_plan(*sets):
+    """The recipe's train step planned with `sets` (a program compiled once per module: the
+    tests of tpu_compile run on one worker)."""
+    from supo_jax.plan import plan
+
+    return plan(_recipe(*sets), TOPOLOGY, model_config=TINY, programs=("train_step",))
+
+
 @pytest.mark.slow
 def test_train_step_compiles_and_fits():
     """The CPU recipe's train step (16 rows of 446 tokens, AdamW state, donated parameters)
-    with XLA attention: 44-77 s of compilation on 2 shared CPU cores (libtpu's compiler)."""
-    from supo_jax.plan import plan
-
-    rep = plan(_recipe("model.attention=xla"), TOPOLOGY, model_config=TINY, programs=("train_step",))
+    with XLA attention and full remat (the recipe's own remat, none, compiles in the splash
+    test below): 44-77 s of compilation on 2 shared CPU cores (libtpu's compiler)."""
+    rep = _train_step_plan("model.attention=xla", "model.remat=full")
     p = rep["programs"]["train_step"]
     _fits(p)
     assert p["bytes_per_chip"]["alias"] > 0        # parameters and optimizer state donated
@@ -71,12 +80,9 @@ def test_train_step_with_splash_on_several_chips():
 def test_remat_offload_keeps_layer_inputs_in_host_memory():
     """model.remat=offload compiles for TPU with each layer's input in pinned host memory:
     host memory a chip > 0 and fewer temporaries than remat full at the same shapes."""
-    from supo_jax.plan import plan
-
     got = {}
     for remat in ("full", "offload"):
-        rep = plan(_recipe("model.attention=xla", f"model.remat={remat}"), TOPOLOGY,
-                   model_config=TINY, programs=("train_step",))
+        rep = _train_step_plan("model.attention=xla", f"model.remat={remat}")
         p = rep["programs"]["train_step"]
         _fits(p)
         got[remat] = p["bytes_per_chip"]
