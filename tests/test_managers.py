@@ -77,3 +77,21 @@ def test_the_experts_ceiling_names_what_ran_out_and_cut_actions_are_a_config_err
     with pytest.raises(ConfigError, match=r"context.max_action_tokens \+ context.max_state_tokens"
                                           r" = 16: every action .* was cut"):
         expert_ceiling(cfg, ChatFormat(env_tokenizer(cfg)), n=2)
+
+
+@pytest.mark.parametrize("manager", ["supo", "full", "truncate", "window", "frozen_summarizer",
+                                     "clear", "state", "fold"])
+def test_no_manager_cuts_every_action_of_the_expert_on_any_family(manager):
+    """The manager x family matrix at the recipe's settings: the expert's ceiling runs under
+    every manager (frozen_summarizer: the expert summarizes) and no cell has every action cut
+    (that would stop a run with a config error). What each cell solves is a measurement."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.config import load_config
+    from supo_jax.rl.runs import env_tokenizer
+    from supo_jax.rl.trainer import expert_ceiling
+
+    for family in FAMILIES:
+        cfg = load_config(None, [f"env.name=fncall/{family}", f"context.manager={manager}"])
+        got = expert_ceiling(cfg, ChatFormat(env_tokenizer(cfg)), n=2, log=lambda line: None)
+        assert 0 < got["expert_actions"] and got["expert_cut_actions"] < got["expert_actions"]
+        assert 0.0 <= got["expert_success_rate"] <= 1.0

@@ -209,7 +209,9 @@ def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
     name, c = cfg.env.name, cfg.context
     actor = ScriptedActor(for_context(expert_for(name), c), fmt)
     ro = run_rollouts(actor, lambda: make_env(name), tasks, fmt, c,
-                      rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s)
+                      rows=min(cfg.rollout.rows, len(tasks)), env_timeout_s=cfg.env.timeout_s,
+                      # frozen_summarizer: the expert writes the summaries a frozen one would
+                      summarizer=actor if c.manager == "frozen_summarizer" else None)
     if actor.actions and actor.cut_actions == actor.actions:
         raise ConfigError(f"{_action_budget(c)} = {c.action_tokens}: every action of the scripted "
                           f"expert on {name} was cut at it ({actor.actions} of {actor.actions}), "
