@@ -242,6 +242,7 @@ CHECK = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.redcoun
                   r"train.steps=[^\n]*)\n", DOCS["ENVIRONMENTS.md"]).group(1)
 
 
+@pytest.mark.long
 def test_environment_check_command_verbatim(rc_dir):
     """docs/ENVIRONMENTS.md's short run of the README's command, as written, from the
     directory holding my_envs/: its table, its metrics and its export."""

@@ -507,7 +507,7 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", "fncall/pages",
                         "--policy", str(ck), "--num", "2", "--out", str(out),
                         "--set", "context.working_context=1400", "--set", "env.knobs.size=6",
-                        "--set", "context.max_steps=3", "--set", "context.max_action_tokens=24"],
+                        "--set", "context.max_steps=3", "--set", "context.max_action_tokens=64"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-1500:]
     recs = [json.loads(x) for x in out.read_text().splitlines()]

@@ -37,16 +37,18 @@ def config() -> Config:
         env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
         # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
         context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
-                              # 64: the scripted expert's call takes 55 tokens of SmolLM2's
-                              # tokenizer (a budget under it cuts every call: a config error)
-                              max_action_tokens=64, max_summary_tokens=24,
+                              max_action_tokens=24, max_summary_tokens=24,
                               max_observation_tokens=48, trigger_rule="reserve",
                               summary_role="user"),
         rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),
         advantage=AdvantageConfig(masked_reasons=()),
         loss=LossConfig(entropy_coef=0.01),
         optim=OptimSection(lr=1e-5, minibatch_rows=4, pack=True),
+        # no expert's ceiling: the scripted expert's call takes 55 tokens of SmolLM2's
+        # tokenizer, so at 24 every one is cut (a config error for a run meant to solve the
+        # task; this one times the real-model path, and its untrained policy's short actions)
         train=TrainSection(steps=2, save_every=2, keep=1, eval_every=0, eval_before=False,
+                           expert_ceiling=0,
                            sft_warm_start=False, run_dir="runs/smollm2_cpu_smoke",
                            progress=False),
     )

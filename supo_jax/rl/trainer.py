@@ -157,18 +157,19 @@ _RAN_OUT = {"context_limit": "the working context (context.working_context)",
             "summary_cut": "the summary budget (context.max_summary_tokens)"}
 
 
-def expert_ceiling(cfg: Config, fmt: ChatFormat, n: int = 8,
+def expert_ceiling(cfg: Config, fmt: ChatFormat, n: int | None = None,
                    log: Callable[[str], None] = print) -> dict:
-    """The scripted expert on n training tasks under this run's context settings: the ideal
-    agent's reach under this manager at this W, the ceiling an RL run can approach ({} where
-    the environment has no expert). One line when it solves none, naming what ran out; a
-    ConfigError when every one of its actions was cut at its budget (a setting that makes
-    every action unparseable)."""
+    """The scripted expert on n (default train.expert_ceiling) training tasks under this run's
+    context settings: the ideal agent's reach under this manager at this W, the ceiling an RL
+    run can approach ({} where n is 0 or the environment has no expert). One line when it
+    solves none, naming what ran out; a ConfigError when every one of its actions was cut at
+    its budget (a setting that makes every action unparseable)."""
     from supo_jax.envs import make_tasks
     from supo_jax.envs.experts import has_expert
 
     name = cfg.env.name
-    if not has_expert(name):
+    n = cfg.train.expert_ceiling if n is None else n
+    if not n or not has_expert(name):
         return {}
     tasks = make_tasks(name, "train", n, seed=30_000 + cfg.env.seed, **cfg.env.knobs)
     ro, actor = scripted_rollouts(cfg, fmt, tasks)
@@ -477,8 +478,8 @@ def open_run(cfg: Config) -> Run:
         run.report["resumed_from"] = run.start
         if is_main():
             print(f"resumed from {run_dir} step {run.start}")
-    if restored is None and cfg.train.expert_ceiling:
-        run.report.update(expert_ceiling(cfg, fmt, cfg.train.expert_ceiling))
+    if restored is None:
+        run.report.update(expert_ceiling(cfg, fmt))
     if restored is None and not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
