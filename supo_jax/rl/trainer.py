@@ -480,7 +480,8 @@ def open_run(cfg: Config) -> Run:
             print(f"resumed from {run_dir} step {run.start}")
     if restored is None:
         run.report.update(expert_ceiling(cfg, fmt))
-    if restored is None and not (cfg.train.init_from or cfg.model.path) and cfg.train.sft_warm_start:
+    if (restored is None and not (cfg.train.init_from or cfg.model.path)
+            and cfg.train.sft_warm_start):
         run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
         # (experiments/reeval.py), roll out or train from (train.init_from)
