@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import flat_params, same_run
+from supo_jax.utils import PEER_LOST_EXIT as PEER_LOST
 
 # its module fixtures are built on one worker; its tests are scheduled first
 pytestmark = [pytest.mark.xdist_group("test_multihost"), pytest.mark.long]
@@ -347,7 +348,16 @@ def test_preempted_then_killed_processes_resume_to_the_straight_runs_metrics(two
                     "from in 10 s") in err, err[-2000:]
         assert [r["step"] for r in _metrics(run_dir)] == [1]
 
-    _processes(cmd, N, 1)
+    # the last resume: under CI's load it lost process 1 twice (process 0: gloo's connection
+    # closed, exit 75; experiments/LOG.md 2026-11-29, not yet understood): the documented
+    # recovery, one rerun of every process, must then end the run as the straight one
+    procs = _launch(cmd, N, 1)
+    outs, _ = _wait(procs)
+    if [p.returncode for p in procs] != [0, 0]:
+        assert PEER_LOST in [p.returncode for p in procs], [e[-3000:] for _, e in outs]
+        print("the last resume lost a process; rerun:", *[e[-3000:] for _, e in outs],
+              sep="\n", file=sys.stderr)
+        _processes(cmd, N, 1)
     timing = ("rollout_seconds", "update_seconds")
     same_run([{k: v for k, v in r.items() if k not in timing} for r in _metrics(run_dir)],
              [{k: v for k, v in r.items() if k not in timing} for r in _metrics(straight)])
