@@ -9,6 +9,7 @@ Orbax writes collectively.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import warnings
@@ -53,6 +54,9 @@ class RunCheckpoints:
         if step in self.bad_steps:  # an unreadable leftover of an interrupted run
             self.manager.delete(step)
             self.bad_steps.discard(step)
+        # a copy of the record: Orbax writes it on a background thread after save() returns,
+        # and the caller's dicts (the rollout carry) change in the next step
+        meta = json.loads(json.dumps(meta))
         self.manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta)))

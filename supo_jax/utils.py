@@ -122,6 +122,7 @@ class PeerWatch:
         self.client, self.me, self.n, self.timeout_s = client, me, n, timeout_s
         self.beat_s = max(0.5, min(5.0, timeout_s / 5))
         self.stop = threading.Event()
+        self.deciding = threading.Lock()    # who says how this process leaves: the first
         self.leaving = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="supo-jax-peer-watch",
                                        daemon=True)
@@ -150,10 +151,20 @@ class PeerWatch:
         w = cls._active
         if w is None:
             return
-        w.stop.set()
-        w._say(how[:500])
+        w._decide(how[:500])        # (unless the watch has already said why it stops)
         if code is not None:
             w._exit(code)
+
+    def _decide(self, status: str) -> bool:
+        """Say `status` and stop the watch, if nothing has been said yet: the check and the
+        word under one lock, so that the main thread's error is never overwritten by the
+        watch's "stopped" (which the others read as a clean departure), nor the reverse."""
+        with self.deciding:
+            if self.stop.is_set():
+                return False
+            self.stop.set()
+            self._say(status)
+            return True
 
     def _say(self, status: str) -> None:
         try:
@@ -241,14 +252,12 @@ class PeerWatch:
     def _fail(self, what: str, silent: tuple[int, ...] = ()) -> None:
         import sys
 
-        if self.stop.is_set():
+        if not self._decide(f"stopped: {what}"):
             return
-        self.stop.set()
         sys.stdout.flush()
         sys.stderr.write(f"supo-jax: error: process {self.me} of {self.n} stops: {what}. Rerun "
                          "every process with the same command: the run resumes from its last "
                          "checkpoint.\n")
-        self._say(f"stopped: {what}")
         self._exit(PEER_LOST_EXIT, silent)
 
 

@@ -182,6 +182,34 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path):
     ck.close()
 
 
+def test_a_checkpoint_holds_its_record_as_it_was_at_save(tmp_path, monkeypatch):
+    """The JSON record (the partial rollouts' carry) is written on Orbax's background thread
+    after save() returns (here 0.3 s after, as on a busy host); the trainer changes the carry
+    in the next step: the checkpoint holds the record as it was when saved."""
+    import asyncio
+
+    from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
+
+    dump = JsonCheckpointHandler._save_fn
+
+    async def late(self, x, directory):
+        await asyncio.sleep(0.3)
+        return await dump(self, x, directory)
+
+    monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", late)
+    ck = RunCheckpoints(str(tmp_path / "ck"), async_save=True)
+    tree = {"w": jax.numpy.arange(4.0)}
+    carry = {"task_position": 8, "suspended": [{"task": {"id": 1}, "tokens": [1, 2]}]}
+    ck.save(1, tree, {"n": jax.numpy.array(1)}, {"step": 1, "carry": carry})
+    carry["task_position"] = 16                  # the next step, at once
+    carry["suspended"][0]["tokens"].append(3)
+    carry["suspended"].append({"task": {"id": 2}})
+    ck.wait()
+    assert ck.read_meta(1) == {"step": 1, "carry": {
+        "task_position": 8, "suspended": [{"task": {"id": 1}, "tokens": [1, 2]}]}}
+    ck.close()
+
+
 def test_config_typo_fails_at_start_naming_the_key(tmp_path):
     r = subprocess.run(_cmd(str(tmp_path), "context.workin_context=100"), capture_output=True,
                        text=True, timeout=120)
@@ -294,6 +322,33 @@ def _fake_rollouts(calls):
                         transcript=[])
                 for g, t in enumerate(tasks) for j, rw in enumerate(t["rewards"])]
     return rollout_batch
+
+
+def test_placebo_permutations_are_fixed_by_seed_and_step_not_by_history():
+    """advantage.permute_rewards: a step's permutation is the same in a resumed run (a fresh
+    process at that step) as in the straight run, and differs between seeds and steps."""
+    import types
+
+    from supo_jax.agent.rollout import Rollout
+    from supo_jax.config import apply_overrides, load_config
+    from supo_jax.rl.trainer import run_advantages
+
+    ro = [Rollout(task_id="t", group_id=0, sample=j, segments=[], reward=float(j),
+                  reason="answer", counters={}, transcript=[]) for j in range(16)]
+
+    def run(seed):
+        cfg = apply_overrides(load_config(CONFIG), ["advantage.permute_rewards=true",
+                                                    f"train.seed={seed}"])
+        return types.SimpleNamespace(cfg=cfg)
+
+    def perm(r, step, draw=0):
+        return tuple(run_advantages(r, ro, step=step, draw=draw).advantages)
+
+    straight = run(0)
+    seen = [perm(straight, s) for s in range(6)] + [perm(straight, 5, draw=1)]
+    assert perm(run(0), 5) == seen[5]             # resumed at step 5: the straight run's
+    assert len(set(seen)) == len(seen)            # every step and round draws its own
+    assert perm(run(1), 5) != seen[5]             # another seed, another permutation
 
 
 def test_dynamic_sampling_keeps_the_groups_with_an_advantage_and_resamples(monkeypatch):

@@ -330,7 +330,6 @@ class Run:
     start: int = 0
     report: dict = dataclasses.field(default_factory=dict)
     ref_params: nnx.State | None = None   # the starting policy's parameters (loss.kl_coef > 0)
-    placebo_rng: np.random.Generator | None = None   # advantage.permute_rewards' permutations
     # partial rollouts (rollout.budget_tokens): what carries from step to step (JSON values,
     # in the checkpoint): the task stream's position, the next group's number, the suspended
     # rollouts (Suspended.to_json) and the ended rollouts of unfinished groups (Rollout.to_json)
@@ -571,7 +570,7 @@ def step_rollouts(run: Run, step: int, tasks: Sequence[dict], pool: Sequence[dic
         rounds += 1
         if not k:
             return got, got, {}
-        adv = run_advantages(run, got)
+        adv = run_advantages(run, got, step=step, draw=rounds)   # rounds >= 1
         useful = {r.group_id for r, a, t in zip(got, adv.advantages, adv.trained) if t and a != 0}
         for g in sorted(useful)[:B - informative]:
             kept += [dataclasses.replace(r, group_id=informative) for r in got if r.group_id == g]
@@ -631,13 +630,14 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
         "staleness_max": max(stale, default=0)}
 
 
-def run_advantages(run: Run, rollouts: Sequence[Rollout]) -> Advantages:
+def run_advantages(run: Run, rollouts: Sequence[Rollout], *, step: int, draw: int = 0
+                   ) -> Advantages:
     """rollout_advantages of `rollouts` under the run's config (their rewards permuted first
-    for a placebo control, advantage.permute_rewards)."""
+    for a placebo control, advantage.permute_rewards, by a permutation fixed by train.seed,
+    the step and `draw`: a resumed run permutes as the straight one, seeds differently)."""
     if run.cfg.advantage.permute_rewards:
-        if run.placebo_rng is None:
-            run.placebo_rng = np.random.default_rng(0)
-        rollouts = permute_rewards(rollouts, run.placebo_rng)
+        rng = np.random.default_rng([hash_seed(run.cfg.train.seed, step), draw])
+        rollouts = permute_rewards(rollouts, rng)
     return rollout_advantages(rollouts, run.cfg.advantage)
 
 
@@ -649,7 +649,7 @@ def rl_step(run: Run, step: int, tasks: Sequence[dict], *, max_len: int, loss_cf
     t0 = time.time()
     rollouts, trainable, sampled = step_rollouts(run, step, tasks, pool)
     t1 = time.time()
-    adv = run_advantages(run, trainable)
+    adv = run_advantages(run, trainable, step=step)
     upd = {}
     if adv.segments:
         batch = build_batch(adv.segments, adv.segment_advantages, max_len=max_len,
