@@ -427,6 +427,13 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("rollout.budget_tokens and rollout.dynamic_rounds: partial rollouts "
                           "carry groups across steps and dynamic sampling redraws a step's "
                           "groups; set one of them to 0")
+    if cfg.rollout.budget_tokens and (cfg.loss.behaviour_correction == "none"
+                                      or not cfg.optim.recompute_old_logprobs):
+        # a suspended rollout's tokens were sampled by a policy up to max_staleness updates
+        # old (a restarted one's, older): clipping against those log-probs is not PPO
+        raise ConfigError("rollout.budget_tokens: resumed rollouts hold tokens of older "
+                          "policies; set optim.recompute_old_logprobs=true and "
+                          "loss.behaviour_correction=tis (or decoupled)")
     if cfg.loss.behaviour_correction != "none" and not cfg.optim.recompute_old_logprobs:
         raise ConfigError(f"loss.behaviour_correction={cfg.loss.behaviour_correction}: the "
                           "proximal policy is the trainer's recomputed log-probabilities; set "

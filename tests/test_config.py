@@ -56,7 +56,20 @@ def test_bad_overrides_name_the_key(bad, name):
 def test_partial_rollouts_and_dynamic_sampling_are_one_or_the_other():
     with pytest.raises(ConfigError, match="rollout.budget_tokens and rollout.dynamic_rounds"):
         apply_overrides(Config(), ["rollout.budget_tokens=1000", "rollout.dynamic_rounds=2"])
-    assert apply_overrides(Config(), ["rollout.budget_tokens=1000"]).rollout.budget_tokens == 1000
+    ok = ["rollout.budget_tokens=1000", "optim.recompute_old_logprobs=true",
+          "loss.behaviour_correction=tis"]
+    assert apply_overrides(Config(), ok).rollout.budget_tokens == 1000
+
+
+@pytest.mark.parametrize("drop", [1, 2])
+def test_partial_rollouts_need_the_off_policy_correction(drop):
+    """Resumed rollouts hold tokens sampled by older policies: without the recomputed
+    proximal log-probs and a behaviour correction the run is refused in one line."""
+    sets = ["rollout.budget_tokens=1000", "optim.recompute_old_logprobs=true",
+            "loss.behaviour_correction=tis"]
+    with pytest.raises(ConfigError, match=r"^rollout\.budget_tokens: .*"
+                       r"optim\.recompute_old_logprobs=true and loss\.behaviour_correction=tis"):
+        apply_overrides(Config(), sets[:drop])
 
 
 def test_missing_config_file():

@@ -43,8 +43,9 @@ def test_policy_loss_and_grad_match_numpy():
 
 def test_behaviour_corrections_by_hand():
     """Tokens sampled by a behaviour policy b, clipped against the proximal policy p:
-    w = p / b per token. tis weighs each token's loss by min(w, C); decoupled by w and leaves
-    out the tokens with w > C; none changes nothing. Checked against the loss written out by
+    w = p / b per token. tis weighs each token's loss by min(w, C); decoupled by w and by 0
+    the tokens with w > C, which stay counted in the token mean (AReaL's decoupled PPO:
+    pg_loss * weight summed over the loss mask / its count); none changes nothing. Checked against the loss written out by
     hand for one row of four tokens (advantage 1, eps 0.2 / 0.28, C = 2.5)."""
     prox = np.log([[0.5, 0.2, 0.9, 0.4]])
     behav = np.log([[0.25, 0.2, 0.3, 0.4]])        # w = 2, 1, 3, 1
@@ -56,7 +57,7 @@ def test_behaviour_corrections_by_hand():
     assert met["behaviour_weight"] == pytest.approx(2.0)      # (2 + 1 + 3) / 3
     wd, md, _ = behaviour_weights(prox, behav, mask, "decoupled", 2.5)
     np.testing.assert_allclose(wd, [[2.0, 1.0, 0.0, 0.0]], rtol=1e-6)
-    np.testing.assert_array_equal(md, [[1.0, 1.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(md, mask)
     wn, mn, metn = behaviour_weights(prox, behav, mask, "none", 2.5)
     assert (wn == 1).all() and (mn == mask).all() and metn == {}
 
@@ -65,7 +66,7 @@ def test_behaviour_corrections_by_hand():
     adv = np.ones((1, 4))
     # l_t = max(-A r, -A clip(r)) = -min(r, clip(r)) for A = 1: -1.28, -0.9, -1.1
     hand = {"tis": (2.0 * -1.28 + 1.0 * -0.9 + 2.5 * -1.1) / 3,
-            "decoupled": (2.0 * -1.28 + 1.0 * -0.9) / 2,
+            "decoupled": (2.0 * -1.28 + 1.0 * -0.9 + 0.0 * -1.1) / 3,
             "none": (-1.28 - 0.9 - 1.1) / 3}
     for corr, want in hand.items():
         w, m, _ = behaviour_weights(prox, behav, mask, corr, 2.5)

@@ -502,6 +502,53 @@ def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(straight_run, tmp_pa
     same_run(_metrics(d), _metrics(ref))
 
 
+def test_partial_rollouts_complete_every_group_however_long_its_rollouts(monkeypatch):
+    """rollout.budget_tokens with max_staleness 1 and a task whose rollouts span many phases
+    (the scripted expert on a size-20 tallest: about 15 phases of 300 tokens shared by 4
+    rows; a size-3 task beside it takes 2): a rollout
+    restarted once runs to its end, so every group completes and trains, and the carry
+    holds no more than the groups in flight, over 50 steps."""
+    import types
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, rollout_phase
+    from supo_jax.config import load_config
+    from supo_jax.envs import experts, make_env, make_tasks
+    from supo_jax.model.tiny import tiny_tokenizer
+    from supo_jax.rl import trainer
+
+    cfg = load_config(None, ["rollout.budget_tokens=300", "rollout.max_staleness=1",
+                             "rollout.dynamic_rounds=0", "rollout.tasks_per_step=2",
+                             "rollout.group_size=2", "context.max_action_tokens=96",
+                             "context.working_context=2048", "context.max_steps=60",
+                             "optim.recompute_old_logprobs=true", "loss.behaviour_correction=tis"])
+    fmt = ChatFormat(tiny_tokenizer())
+    pool = [make_tasks("fncall/tallest", "train", 1, seed=s, size=n)[0]
+            for s, n in ((1, 3), (2, 20))]
+
+    def phase(policy, fmt_, cfg_, items, *, group_size, budget_tokens, version, envs, **_):
+        return rollout_phase(ScriptedActor(experts.expert_for("fncall/tallest"), fmt_),
+                             lambda: make_env("fncall/tallest"), items, fmt_, cfg_.context,
+                             group_size=group_size, rows=4, budget_tokens=budget_tokens,
+                             version=version, envs=envs)
+
+    monkeypatch.setattr(trainer, "policy_rollouts", phase)
+    run = types.SimpleNamespace(cfg=cfg, fmt=fmt, policy=None, envs={},
+                                carry=trainer.Run.__dataclass_fields__["carry"].default_factory())
+    trained, restarted, most = {}, 0, 0
+    for step in range(50):
+        _, got, m = trainer.partial_rollouts(run, step, pool)
+        for x in got:
+            trained[x.task_id] = trained.get(x.task_id, 0) + 1
+        restarted += m["rollouts_restarted"]
+        c = run.carry
+        most = max(most, len(c["suspended"]) + len(c["ended"]), len(c.get("restarted", [])))
+    long_task = pool[1]["task_id"]
+    assert restarted > 0                                  # staleness 1 did restart rollouts
+    assert trained.get(long_task, 0) >= 4, trained        # and the long task's groups trained
+    assert most <= 2 * 2, most                            # tasks_per_step x group_size
+
+
 def test_partial_rollouts_carry_across_steps_and_resume_to_the_bit(tmp_path):
     """rollout.budget_tokens: a step's rollout phase ends at the budget, the rollouts not
     ended go on in the next step (their staleness counted), groups train when complete; the

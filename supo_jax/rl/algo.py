@@ -22,7 +22,7 @@ Policy loss (token level, SUPO §4): with r_t = exp(logp_t - logp_old_t),
 Off-policy correction (loss.behaviour_correction; behaviour_weights): tokens sampled by a
 behaviour policy b other than the proximal policy old (recomputed at the step's start),
 w_t = p_old / p_b: "tis" l_t * min(w_t, C); "decoupled" l_t * w_t, tokens with w_t > C
-left out.
+weighted 0 (still counted in the token mean, as in AReaL's decoupled PPO).
 """
 from __future__ import annotations
 
@@ -117,8 +117,9 @@ def behaviour_weights(prox_logp, behav_logp, mask, correction: str, cap: float):
     """The off-policy correction of tokens sampled by a behaviour policy other than the
     proximal one the PPO ratio is clipped against (loss.behaviour_correction). All [R, T]
     host arrays -> (weight [R, T], mask [R, T], metrics). w = p_prox / p_behav:
-    "tis" weighs each token by min(w, cap); "decoupled" by w, leaving out (mask 0) the
-    tokens with w > cap; "none": weight 1. A positive weight on a token scales both
+    "tis" weighs each token by min(w, cap); "decoupled" by w, and 0 for the tokens with
+    w > cap, which stay in the mask (counted in the token mean, and in the KL and entropy
+    terms: AReaL's decoupled PPO); "none": weight 1. A positive weight on a token scales both
     clipped-surrogate terms alike, so it multiplies that token's advantage (the KL and
     entropy terms are not weighed)."""
     mask = np.asarray(mask, np.float32)
@@ -130,7 +131,7 @@ def behaviour_weights(prox_logp, behav_logp, mask, correction: str, cap: float):
     if correction == "tis":
         weight = np.minimum(w, cap)
     elif correction == "decoupled":
-        weight, mask = w, mask * ~over
+        weight = np.where(over, 0.0, w)
     else:
         raise ValueError(f"loss.behaviour_correction={correction!r}: none, tis or decoupled")
     n = max(int(trained.sum()), 1)

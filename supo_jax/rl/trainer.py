@@ -332,9 +332,10 @@ class Run:
     ref_params: nnx.State | None = None   # the starting policy's parameters (loss.kl_coef > 0)
     # partial rollouts (rollout.budget_tokens): what carries from step to step (JSON values,
     # in the checkpoint): the task stream's position, the next group's number, the suspended
-    # rollouts (Suspended.to_json) and the ended rollouts of unfinished groups (Rollout.to_json)
+    # rollouts (Suspended.to_json), the ended rollouts of unfinished groups (Rollout.to_json)
+    # and the [group, sample] of the rollouts restarted once (never again)
     carry: dict = dataclasses.field(default_factory=lambda: dict(
-        task_position=0, next_group=0, suspended=[], ended=[]))
+        task_position=0, next_group=0, suspended=[], ended=[], restarted=[]))
     # the live environments of this process's suspended rollouts (rollout_phase's envs; not
     # in the checkpoint: a resumed run replays their actions instead)
     envs: dict = dataclasses.field(default_factory=dict)
@@ -582,7 +583,8 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
                      ) -> tuple[list[Rollout], list[Rollout], dict]:
     """Step `step` + 1's rollouts under a token budget (rollout.budget_tokens): the
     suspended rollouts go on first (restarted from their task where their first tokens are
-    more than rollout.max_staleness updates old), then the first samples of new groups from
+    more than rollout.max_staleness updates old, once: a restarted rollout runs to its end
+    however many phases it takes, so every group completes), then the first samples of new groups from
     the task stream, as many groups as keep tasks_per_step groups in flight; the phase ends
     at the budget (rollout_phase). A group trains in the step in which its last rollout
     ends. Returns (the rollouts that ended in this step, the rollouts of the groups it
@@ -591,10 +593,13 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
     cfg, c = run.cfg, run.carry
     r, G = cfg.rollout, cfg.rollout.group_size
     items, resumed, restarted = [], 0, 0
+    once = {tuple(x) for x in c.get("restarted", [])}     # (a checkpoint of an older version)
     for d in c["suspended"]:
         it = Suspended.from_json(d)
-        if it.versions and step - it.versions[0][0] > r.max_staleness:
+        if (it.versions and (it.group_id, it.sample) not in once
+                and step - it.versions[0][0] > r.max_staleness):
             it, restarted = Suspended(it.task, it.group_id, it.sample), restarted + 1
+            once.add((it.group_id, it.sample))
         resumed += it.state is not None
         items.append(it)
     ended_before = [Rollout.from_json(x) for x in c["ended"]]
@@ -622,6 +627,7 @@ def partial_rollouts(run: Run, step: int, pool: Sequence[dict]
     c["ended"] = [x.to_json() for g in sorted(by_group) if g not in complete
                   for x in by_group[g]]
     c["suspended"] = [x.to_json() for x in suspended]
+    c["restarted"] = sorted([g, s] for g, s in once if g not in complete)
     stale = [step - x.versions[0][0] for x in trained if x.versions]
     return ended, trained, {
         "rollouts_suspended": len(suspended), "rollouts_resumed": resumed,
