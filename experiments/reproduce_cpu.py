@@ -107,12 +107,13 @@ def results_markdown(rows, labels, W, S, scaling, sft, meta, warm_notes=None) ->
 def main(argv=None) -> int:
     from supo_jax import config as C
     from supo_jax import sweep
+    from supo_jax.cli import int_list
     from supo_jax.utils import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", default=DEFAULT_CONFIG)
-    ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
+    ap.add_argument("--seeds", type=int_list, default="0", help="comma-separated, e.g. 0,1,2")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--quick", action="store_true", help="a miniature run (tests)")
     ap.add_argument("--methods", default="",
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
     sets = (QUICK if args.quick else []) + args.set
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = args.seeds
     os.makedirs(args.out, exist_ok=True)
     base = C.load_config(args.config, sets)
     W, S = base.context.working_context, base.context.max_summaries

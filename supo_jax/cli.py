@@ -203,7 +203,7 @@ def _cmd_eval(args) -> None:
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt, "eval")
     expert_ceiling(cfg, fmt)     # one line when the ideal agent solves none at these settings
-    caps = [int(x) for x in args.max_summaries.split(",")] if args.max_summaries else [None]
+    caps = args.max_summaries or [None]
     rows = evaluate_caps(policy, fmt, cfg, caps, seed=cfg.train.seed)
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "effective_context_mean", "overlong_rate"]
@@ -306,19 +306,34 @@ def _cmd_sweep(args) -> None:
 
     from supo_jax import sweep
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out}: is a file, not a directory")
+    host, hosts = (_env_int("SUPO_JAX_SWEEP_HOST", args.host_index),
+                   _env_int("SUPO_JAX_SWEEP_HOSTS", args.host_count))
+    if not 0 <= host < hosts:   # said before the configs load
+        raise ValueError(f"--host-index {host} is not in [0, --host-count {hosts}) (or "
+                         "SUPO_JAX_SWEEP_HOST, SUPO_JAX_SWEEP_HOSTS)")
     points = sweep.points(sweep.parse_grid(args.grid or []))
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    runs = sweep.plan(args.config, points, seeds, args.out, overrides=args.set or [])
-    print(f"sweep: {len(points)} grid points x {len(seeds)} seeds = {len(runs)} runs in {args.out}")
+    runs = sweep.plan(args.config, points, args.seeds, args.out, overrides=args.set or [])
+    print(f"sweep: {len(points)} grid points x {len(args.seeds)} seeds = {len(runs)} runs in "
+          f"{args.out}")
     if not args.collect_only:
-        host = int(os.environ.get("SUPO_JAX_SWEEP_HOST", args.host_index))
-        hosts = int(os.environ.get("SUPO_JAX_SWEEP_HOSTS", args.host_count))
         sweep.run_sweep(runs, host_index=host, host_count=hosts)
     rep = sweep.report(runs, args.out)
     if not any(r["seeds"] for r in rep["rows"]):
         print(f"no run of this sweep has finished yet in {args.out}")
     print(rep["markdown"])
     print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer environment variable that overrides a flag (default: the flag's value)."""
+    import os
+
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name}={os.environ[name]!r}: expected an integer") from None
 
 
 def _cmd_plan(args) -> None:
@@ -370,6 +385,37 @@ def _sub(sub, name: str, help_: str) -> argparse.ArgumentParser:
                           formatter_class=_Formatter)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line, like every other error of a command (exit status 2); --help
+    has the usage argparse would print."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(text: str) -> int:
+    """argparse type: a positive integer (a bad one names its flag before anything loads)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: a comma list of integers >= 0 ('0,2,4'); '' is the empty list."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = None
+    if out is None or any(n < 0 for n in out):
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers >= 0 (e.g. 0,2,4), "
+                                         f"got {text!r}")
+    return out
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults in the help lines (where there is one to show), examples as written."""
 
@@ -392,13 +438,13 @@ def _config_args(c: argparse.ArgumentParser, config: str = "default: the CPU rec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="supo-jax", description=__doc__)
+    p = _Parser(prog="supo-jax", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = _sub(sub, "generate", "chat-generate with a policy (HF directory, .gguf or Hub id)")
     g.add_argument("--model", required=True, metavar="PATH", help="HF directory, .gguf file "
                    "or Hub id")
     g.add_argument("--prompt", default="What is the capital of France?", help="the user turn")
-    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
+    g.add_argument("--max-new-tokens", type=_count, default=64, help="tokens to generate at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--seed", type=int, default=0, help="sampling seed")
     g.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
@@ -421,24 +467,24 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             _config_args(c)
         if name == "eval":
-            c.add_argument("--max-summaries", default="", metavar="LIST", help="summary caps "
-                           "to evaluate, a comma list (e.g. 0,2,4,8), one table row each; "
-                           "default: the run's own cap (context.max_summaries)")
+            c.add_argument("--max-summaries", type=int_list, default="", metavar="LIST",
+                           help="summary caps to evaluate, a comma list (e.g. 0,2,4,8), one "
+                           "table row each; default: the run's own cap (context.max_summaries)")
         c.set_defaults(fn=fn)
     w = _sub(sub, "sweep", "train a grid of overrides x seeds; one table and plots")
     w.add_argument("--config", default=None, metavar="FILE", help="the base config file; "
                    "default: the CPU recipe")
     w.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="a key and its values "
                    "(repeatable: the grid is their product)")
-    w.add_argument("--seeds", default="0", metavar="LIST", help="comma list of train.seed "
-                   "values, e.g. 0,1,2")
+    w.add_argument("--seeds", type=int_list, default="0", metavar="LIST", help="comma list of "
+                   "train.seed values, e.g. 0,1,2")
     w.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed overrides for "
                    "every run (repeatable)")
     w.add_argument("--out", default="runs/sweep", metavar="DIR", help="where the runs and the "
                    "table go")
     w.add_argument("--host-index", type=int, default=0, metavar="I", help="this host's share "
                    "of the runs (or SUPO_JAX_SWEEP_HOST)")
-    w.add_argument("--host-count", type=int, default=1, metavar="N", help="hosts sharing the "
+    w.add_argument("--host-count", type=_count, default=1, metavar="N", help="hosts sharing the "
                    "sweep (or SUPO_JAX_SWEEP_HOSTS)")
     w.add_argument("--collect-only", action="store_true", help="only write the table from the "
                    "finished runs")
@@ -451,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context", default="supo", metavar="MANAGER", help="context.manager: "
                    "supo | full | truncate | window | clear | state | fold")
     _config_args(r, sets="an override (repeatable; applied after --env and --context)")
-    r.add_argument("--num", type=int, default=8, metavar="N", help="tasks to roll out (one "
+    r.add_argument("--num", type=_count, default=8, metavar="N", help="tasks to roll out (one "
                    "rollout each)")
     r.add_argument("--split", default="eval", metavar="eval|train", help="task split")
     r.add_argument("--out", default=None, metavar="FILE.jsonl", help="write the rollouts "

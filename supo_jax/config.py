@@ -364,6 +364,21 @@ def import_env_modules(env: EnvSection) -> None:
                               "from the working directory and sys.path)") from None
 
 
+# numeric settings checked at start, naming themselves (not a division by zero, or a run that
+# trains with a negative learning rate, later)
+POSITIVE = ("rollout.rows", "rollout.group_size", "rollout.tasks_per_step", "optim.lr",
+            "optim.clip_norm", "optim.minibatch_rows", "optim.micro", "optim.ppo_epochs",
+            "train.save_every", "train.keep", "sft.lr", "sft.batch_rows", "env.train_tasks",
+            "env.eval_tasks", "env.timeout_s", "model.tiny_hidden", "model.tiny_layers",
+            "model.tiny_heads", "model.tiny_kv_heads", "model.tiny_mlp", "model.tiny_vocab")
+AT_LEAST_0 = {"rollout.dynamic_rounds": "0 = off", "rollout.budget_tokens": "0 = off",
+              "rollout.max_staleness": "", "rollout.temperature": "0 = greedy",
+              "optim.warmup_steps": "", "optim.weight_decay": "",
+              "optim.max_row_len": "0 = the context bound", "optim.max_kl": "0 = off",
+              "train.steps": "", "train.eval_every": "0 = only at the end",
+              "train.expert_ceiling": "0 = no expert rollouts", "sft.summary_drop": ""}
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that single sections cannot do; no side effects. An environment of
     env.imports is registered only once its module is imported: import_env_modules first."""
@@ -396,8 +411,15 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"sft.steps={cfg.sft.steps}, sft.num_demos={cfg.sft.num_demos}: an SFT "
                           "warm start takes at least one step and one demonstration (or "
                           "train.sft_warm_start=false)")
-    if cfg.rollout.rows <= 0 or cfg.rollout.group_size <= 0 or cfg.rollout.tasks_per_step <= 0:
-        raise ConfigError("rollout.rows, rollout.group_size and rollout.tasks_per_step must be positive")
+    for key in POSITIVE:
+        if get(cfg, key) <= 0:
+            raise ConfigError(f"{key}={get(cfg, key)}: must be positive")
+    for key, zero in AT_LEAST_0.items():
+        if get(cfg, key) < 0:
+            raise ConfigError(f"{key}={get(cfg, key)}: must be >= 0"
+                              + (f" ({zero})" if zero else ""))
+    if os.path.exists(cfg.train.run_dir) and not os.path.isdir(cfg.train.run_dir):
+        raise ConfigError(f"train.run_dir={cfg.train.run_dir!r} is a file, not a directory")
     if cfg.rollout.tensor < 0:
         raise ConfigError(f"rollout.tensor={cfg.rollout.tensor}: the sampler's tensor-group size "
                           "is a positive divisor of the device count, the heads and the kv "
@@ -416,13 +438,6 @@ def validate(cfg: Config) -> Config:
             f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p}: RL samples "
             "from the full distribution (top_k=0, top_p=1.0); the training forward scores the "
             "untruncated distribution, so the PPO ratio would not be the behaviour policy's")
-    if cfg.rollout.dynamic_rounds < 0:
-        raise ConfigError(f"rollout.dynamic_rounds={cfg.rollout.dynamic_rounds}: must be >= 0 "
-                          "(0 = off)")
-    if cfg.rollout.budget_tokens < 0 or cfg.rollout.max_staleness < 0:
-        raise ConfigError(f"rollout.budget_tokens={cfg.rollout.budget_tokens} / "
-                          f"rollout.max_staleness={cfg.rollout.max_staleness}: must be >= 0 "
-                          "(budget_tokens 0 = off)")
     if cfg.rollout.budget_tokens and cfg.rollout.dynamic_rounds:
         raise ConfigError("rollout.budget_tokens and rollout.dynamic_rounds: partial rollouts "
                           "carry groups across steps and dynamic sampling redraws a step's "
@@ -438,8 +453,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"loss.behaviour_correction={cfg.loss.behaviour_correction}: the "
                           "proximal policy is the trainer's recomputed log-probabilities; set "
                           "optim.recompute_old_logprobs=true")
-    if cfg.optim.max_kl < 0:
-        raise ConfigError(f"optim.max_kl={cfg.optim.max_kl}: must be >= 0 (0 = off)")
     if cfg.optim.schedule not in SCHEDULES:
         raise ConfigError(f"optim.schedule={cfg.optim.schedule!r}: one of {', '.join(SCHEDULES)}")
     if cfg.model.dtype not in ("float32", "bfloat16"):

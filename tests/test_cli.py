@@ -120,6 +120,40 @@ def test_working_context_smaller_than_the_prompt(cmd, tmp_path, capsys, trained_
     assert not os.path.isdir(tmp_path / "run" / "checkpoints")   # refused before any work
 
 
+@pytest.mark.parametrize("argv", [
+    ["rollout", "--env", "fncall/count", "--num", "-3"],
+    ["rollout", "--env", "fncall/count", "--num", "0"],
+    ["eval", "--max-summaries", "a,b"],
+    ["eval", "--max-summaries", "0,-2"],
+    ["sweep", "--seeds", "a"],
+    ["sweep", "--host-count", "0"],
+    ["generate", "--model", "m", "--max-new-tokens", "0"],
+])
+def test_a_bad_flag_value_is_one_line_naming_the_flag(argv, capsys):
+    """Refused as the flags are parsed: before any config, policy or compile."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"supo-jax {argv[0]}: error: argument {argv[-2]}: expected a "), lines
+
+
+@pytest.mark.parametrize("cmd", ("train", "eval", "sft"))
+def test_a_run_dir_that_is_a_file_is_one_line(cmd, tmp_path, capsys):
+    (tmp_path / "run").write_text("")
+    _one_line_error(capsys, _argv(cmd, tmp_path), f"train.run_dir='{tmp_path / 'run'}' is a file")
+
+
+def test_sweep_refuses_an_out_file_and_bad_hosts_before_its_configs(tmp_path, capsys,
+                                                                    monkeypatch):
+    (tmp_path / "out").write_text("")
+    _one_line_error(capsys, ["sweep", "--out", str(tmp_path / "out")], "--out", "is a file")
+    _one_line_error(capsys, ["sweep", "--host-index", "1"], "--host-index 1 is not in [0, ")
+    monkeypatch.setenv("SUPO_JAX_SWEEP_HOSTS", "two")
+    _one_line_error(capsys, ["sweep"], "SUPO_JAX_SWEEP_HOSTS='two'")
+
+
 def test_eval_without_a_checkpoint_or_model_is_an_error(tmp_path, capsys):
     _one_line_error(capsys, _argv("eval", tmp_path), "no checkpoint", "nothing to evaluate")
     assert not os.path.exists(tmp_path / "run")      # and writes nothing

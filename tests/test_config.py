@@ -3,6 +3,7 @@ import dataclasses
 import functools
 import glob
 import os
+import re
 
 import pytest
 
@@ -45,12 +46,25 @@ def test_overrides_are_typed():
                                       ("rollout.dynamic_rounds=-1", "rollout.dynamic_rounds"),
                                       ("rollout.budget_tokens=-5", "rollout.budget_tokens"),
                                       ("rollout.max_staleness=-1", "rollout.max_staleness"),
+                                      ("optim.lr=-1", "optim.lr"),
+                                      ("optim.micro=0", "optim.micro"),
+                                      ("train.save_every=0", "train.save_every"),
                                       ("context=3", "context"),
                                       ("context=fulll", "context"),
                                       ("nonsense", "nonsense")])
 def test_bad_overrides_name_the_key(bad, name):
     with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
         apply_overrides(Config(), [bad])
+
+
+def test_numeric_settings_out_of_range_name_themselves():
+    """A setting that must be positive (or >= 0) fails at start, naming itself, not as a
+    division by zero or a run that trains with a negative learning rate."""
+    from supo_jax.config import AT_LEAST_0, POSITIVE
+
+    for key, bad in [(k, 0) for k in POSITIVE] + [(k, -1) for k in AT_LEAST_0]:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=-?[01](\.0)?: must be"):
+            apply_overrides(Config(), [f"{key}={bad}"])
 
 
 def test_partial_rollouts_and_dynamic_sampling_are_one_or_the_other():
