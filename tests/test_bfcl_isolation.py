@@ -240,3 +240,76 @@ def test_departures_kept_from_bfcl_executor():
         assert not env.act(_call("ls")).done
     quit_ = env.act(_call("ls"))
     assert quit_.done and quit_.reward == 0.0 and quit_.info["force_quit"]
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A pool of 4 BFCL workers of this test's own (none started), killed after it."""
+    from supo_jax.envs.bfcl import worker
+
+    mine = worker._Pool(4)
+    monkeypatch.setattr(worker, "_POOL", mine)
+    yield mine
+    deadline = time.monotonic() + worker.START_TIMEOUT_S     # starts still under way
+    while mine.live > len(mine.idle) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for w in mine.idle:
+        w.kill()
+
+
+def test_queueing_for_a_worker_is_no_timeout(pool, monkeypatch):
+    """32 rollouts at once on 4 workers that take 3 s to start, under a 3 s environment
+    deadline: the wait for a worker is bounded by queue_timeout_s and ends its rollout as an
+    env_error naming the queue (Queued), never as a timeout; the starts go on, and the next
+    32 rollouts run on the workers they started."""
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+    from supo_jax.envs import make_env
+    from supo_jax.envs.bfcl import worker
+    from supo_jax.model.tiny import tiny_tokenizer
+
+    class SlowStart(worker._Worker):
+        def __init__(self):
+            time.sleep(3.0)
+            super().__init__()
+
+    class OneCall:      # ls as the first action, then a reply per turn
+        def act(self, messages, summarize=False):
+            return "Done." if any(m["role"] == "assistant" for m in messages) else _call("ls")
+
+    monkeypatch.setattr(worker, "_Worker", SlowStart)
+    fmt = ChatFormat(tiny_tokenizer(template="qwen"))
+    cfg = ContextConfig(manager="full", working_context=1_000_000, max_steps=40,
+                        max_action_tokens=8192, max_observation_tokens=1_000_000)
+    tasks = [{"task_id": "multi_turn_base_0", "family": "bfcl/base", "call_timeout_s": 1.0,
+              "queue_timeout_s": 1.5}] * 32
+    rollouts = lambda: run_rollouts(ScriptedActor(OneCall(), fmt), lambda: make_env("bfcl/base"),
+                                    tasks, fmt, cfg, rows=32, env_timeout_s=3.0)
+    first = [(r.reason, r.transcript[-1]["content"]) for r in rollouts()]
+    queued = [r for r in first if r[0] != "answer"]
+    assert queued and all(r == "env_error" and "Queued(" in e for r, e in queued), first
+    deadline = time.monotonic() + 60
+    while len(pool.idle) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r.reason for r in rollouts()] == ["answer"] * 32
+
+
+def test_a_call_leaves_no_module_state_to_the_next_request(pool):
+    """A worker serves one rollout after another: MathAPI's logarithm sets mpmath's precision
+    for the whole process; the next request, another task's on the same worker, computes at
+    the default. (No BFCL call reads it unset; a world holding an mpf does.)"""
+    import pickle
+
+    import mpmath
+
+    from supo_jax.envs.bfcl import worker
+    from supo_jax.envs.bfcl.data import entries, world_bytes
+
+    pool.size = 1
+    math_world = world_bytes(entries("base")[MATH], "base")
+    log = ("logarithm", {"value": 10, "base": 3, "precision": 50})
+    worker.run(("step", math_world, [log]), 10.0, 10.0)
+    _, [root] = worker.run(("step", pickle.dumps({"mpf": mpmath.mpf(2)}), [("sqrt", {})]),
+                           10.0, 10.0)
+    assert root == "1.4142135623731"

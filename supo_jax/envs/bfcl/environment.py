@@ -7,9 +7,12 @@ checked on its own against its doc (arguments.check_arguments: names, declared t
 sizes): a call that fails is refused (not run, not recorded; "Error: <why>" in its place),
 the step's other calls run, in order, as in BFCL. They run as method calls on the task's
 world (never evaluated) in a worker process (worker.py) that is killed when the step's
-calls together run past the task knob call_timeout_s (10 s): the episode then ends at
-reward 0 (info "stopped"). Their results, as BFCL writes them, one a line, are the
-observation. An action without a tool call ends the user turn, as in BFCL: the next
+calls together run past the task knob call_timeout_s (10 s), counted from when the worker
+has them: the episode then ends at reward 0 (info "stopped"). The wait for a free worker
+(a start included) has a bound of its own, the task knob queue_timeout_s (15 s): past it
+the action raises worker.Queued (its rollout ends as env_error "Queued(...)": the
+environment failed it, not the model). Their results, as BFCL writes them, one a line, are
+the observation. An action without a tool call ends the user turn, as in BFCL: the next
 question arrives as a user turn (role "user": a summary restart keeps it; info tool_call
 False: it is no tool call); after the last, the episode ends with BFCL's verdict on the
 calls made (calls.verdict, replayed in a worker on worlds of its own under the same
@@ -54,6 +57,7 @@ from supo_jax.text.reading import asks_for_state
 
 MAX_STEPS_A_TURN = 20            # BFCL's MAXIMUM_STEP_LIMIT
 CALL_TIMEOUT_S = 10.0            # a step's calls together, and the scoring replay
+QUEUE_TIMEOUT_S = 15.0           # the wait for a free worker: env.timeout_s must exceed both
 NEW_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"
 _NO_ANSWER_TOOL = "__bfcl_no_answer_tool__"   # no call ends the episode: the turns do
 
@@ -130,6 +134,7 @@ class BFCLEnv(Environment):
         self.task_id = task["task_id"]
         self.partial = bool(task.get("partial_reward", False))
         self.timeout_s = float(task.get("call_timeout_s", CALL_TIMEOUT_S))
+        self.queue_s = float(task.get("queue_timeout_s", QUEUE_TIMEOUT_S))
         entry = self.entry = entries(self.category)[self.task_id]
         # the world, as bytes: each step's calls run on a copy in a worker process
         self.world = world_bytes(entry, self.category)
@@ -182,7 +187,8 @@ class BFCLEnv(Environment):
         results = []
         if valid:
             try:
-                self.world, results = worker.run(("step", self.world, valid), self.timeout_s)
+                self.world, results = worker.run(("step", self.world, valid), self.timeout_s,
+                                                 self.queue_s)
             except worker.Stopped as e:
                 return StepResult("", done=True, reward=0.0, info={
                     "stopped": f"the step's calls were stopped ({e})", "calls": self.calls})
@@ -212,7 +218,8 @@ class BFCLEnv(Environment):
     def reward(self) -> tuple[float, dict]:
         """BFCL's verdict on the calls made, replayed in a worker: (reward, info)."""
         try:
-            v = worker.run(("verdict", self.category, self.task_id, self.calls), self.timeout_s)
+            v = worker.run(("verdict", self.category, self.task_id, self.calls), self.timeout_s,
+                           self.queue_s)
         except worker.Stopped as e:
             return 0.0, {"stopped": f"scoring was stopped ({e})"}
         if v["valid"]:
@@ -234,15 +241,17 @@ def split_ids(category: str, split: str) -> list[str]:
 
 def make_tasks_for(category: str):
     def generate(split: str, n: int, seed: int, partial_reward: bool = False,
-                 call_timeout_s: float = CALL_TIMEOUT_S) -> list[dict]:
-        if not 0 < float(call_timeout_s) < math.inf:
-            raise ValueError(f"call_timeout_s must be a number of seconds > 0, got "
-                             f"{call_timeout_s!r}")
+                 call_timeout_s: float = CALL_TIMEOUT_S,
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> list[dict]:
+        for knob, v in (("call_timeout_s", call_timeout_s), ("queue_timeout_s", queue_timeout_s)):
+            if not 0 < float(v) < math.inf:
+                raise ValueError(f"{knob} must be a number of seconds > 0, got {v!r}")
         ids = split_ids(category, split)
         random.Random(f"{category}:{split}:{seed}").shuffle(ids)
         return [{"task_id": ids[k % len(ids)], "family": f"bfcl/{category}",
                  "category": category, "partial_reward": bool(partial_reward),
-                 "call_timeout_s": float(call_timeout_s)} for k in range(n)]
+                 "call_timeout_s": float(call_timeout_s),
+                 "queue_timeout_s": float(queue_timeout_s)} for k in range(n)]
     return generate
 
 

@@ -7,7 +7,9 @@ a worker process and kill it when the step's deadline passes (`run` raises Stopp
 A worker holds nothing between requests: a task's world (its simulator instances) lives in
 its environment as pickled bytes, goes to a worker with the step's calls and comes back with
 their results. A killed worker takes nothing with it but the step it ran, and no two
-rollouts, or a rollout and a scoring replay, ever hold the same object.
+rollouts, or a rollout and a scoring replay, ever hold the same object. What the simulators
+set for the whole process (mpmath's precision, the decimal context) is put back before each
+request.
 
 Requests, each a tuple:
   ("step", world, calls)            -> ("ok", (world after the calls, [result text, ...]))
@@ -18,9 +20,10 @@ A worker is this file run as a script by the interpreter of the parent (not mult
 the parent is a multithreaded JAX process, and a child must not import supo_jax, whose
 __init__ imports jax); it imports only data.py and calls.py of this folder, bfcl-eval and
 mpmath, and may use at most MEMORY_BYTES of address space. A process has at most
-MAX_WORKERS (more requests at once wait for one), started when first needed (`start`
+MAX_WORKERS, each started in a thread of its own when a request finds none idle (`start`
 starts them ahead); idle ones wait for the next request and exit when the parent closes
-their pipe (as it does when it ends).
+their pipe (as it does when it ends). A request waits for an idle worker at most its
+queue bound (then Queued: it never ran); its deadline counts from when a worker has it.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 
 MEMORY_BYTES = 2 << 30      # a worker's address space: a runaway value fails with MemoryError
@@ -88,32 +92,91 @@ class _Worker:
 
 
 MAX_WORKERS = max(4, os.cpu_count() or 1)    # more requests at once wait for a worker
-_IDLE: list[_Worker] = []
-_IDLE_LOCK = threading.Lock()
-_SLOTS = threading.BoundedSemaphore(MAX_WORKERS)
 
 
-def run(message: tuple, timeout_s: float):
-    """One request on an idle worker (started if none is), its reply's value; Stopped when
-    it ran past timeout_s (the worker is killed); RuntimeError when it failed. The deadline
-    counts from the request: not the wait for a worker, nor a worker's start."""
-    with _SLOTS:
-        with _IDLE_LOCK:
-            worker = _IDLE.pop() if _IDLE else None
-        worker = worker or _Worker()
-        try:
-            kind, value = worker.request(message, timeout_s)
-        except Stopped:
-            raise
-        except BaseException:
-            worker.kill()
-            raise
-        with _IDLE_LOCK:
-            keep = len(_IDLE) < MAX_WORKERS
+class Queued(Exception):
+    """No worker was free within the request's queue bound: the request never ran."""
+
+
+class _Pool:
+    """At most `size` workers, each started in a thread of its own when a request finds
+    none idle: a request takes whichever is idle first, and a start goes on after the
+    requests that waited for it gave up."""
+
+    def __init__(self, size: int):
+        self.size, self.live = size, 0        # live: started or starting
+        self.idle: list[_Worker] = []
+        self.failed, self.why = 0, ""         # starts that failed, why the last one did
+        self.changed = threading.Condition()
+
+    def take(self, queue_s: float) -> _Worker:
+        """An idle worker; Queued past queue_s, RuntimeError when a start failed meanwhile."""
+        until = time.monotonic() + queue_s
+        with self.changed:
+            failed = self.failed
+            while not self.idle:
+                if self.failed > failed:
+                    raise RuntimeError(self.why)
+                if self.live < self.size:
+                    self.live += 1
+                    threading.Thread(target=self._start, daemon=True).start()
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise Queued(f"no BFCL simulator worker was free in {queue_s:g} s")
+                self.changed.wait(left)
+            return self.idle.pop()
+
+    def give(self, worker: _Worker | None) -> None:
+        """A worker back after a request (None: it was killed)."""
+        with self.changed:
+            keep = worker is not None and self.live <= self.size
             if keep:
-                _IDLE.append(worker)
-        if not keep:        # start() made more than run() uses
+                self.idle.append(worker)
+            else:
+                self.live -= 1
+            self.changed.notify()
+        if worker is not None and not keep:     # start() made more than requests use
             worker.kill()
+
+    def add(self, worker: _Worker) -> None:
+        """A worker started ahead (start), idle."""
+        with self.changed:
+            self.live += 1
+            self.idle.append(worker)
+            self.changed.notify()
+
+    def _start(self) -> None:
+        try:
+            worker = _Worker()
+        except Exception as e:  # noqa: BLE001 - said to the requests waiting
+            with self.changed:
+                self.live -= 1
+                self.failed, self.why = self.failed + 1, str(e)
+                self.changed.notify_all()
+            return
+        self.give(worker)
+
+
+_POOL = _Pool(MAX_WORKERS)
+
+
+def run(message: tuple, timeout_s: float, queue_s: float):
+    """One request on an idle worker, its reply's value. The wait for one (a start
+    included) is bounded by queue_s: past it, Queued, and the request never ran. The
+    request's deadline, timeout_s, counts from when a worker has it: past it, Stopped (the
+    worker is killed). RuntimeError when it failed."""
+    pool = _POOL
+    worker = pool.take(queue_s)
+    try:
+        kind, value = worker.request(message, timeout_s)
+    except Stopped:
+        pool.give(None)
+        raise
+    except BaseException:
+        worker.kill()
+        pool.give(None)
+        raise
+    pool.give(worker)
     if kind != "ok":
         raise RuntimeError(f"BFCL simulator worker: {value}")
     return value
@@ -122,12 +185,11 @@ def run(message: tuple, timeout_s: float):
 def start(n: int) -> None:
     """Have at least n idle workers (a test that forbids starting processes starts them
     before)."""
-    with _IDLE_LOCK:
-        missing = min(n, MAX_WORKERS) - len(_IDLE)
+    pool = _POOL
+    with pool.changed:
+        missing = min(n, pool.size) - len(pool.idle)
     for _ in range(missing):
-        worker = _Worker()
-        with _IDLE_LOCK:
-            _IDLE.append(worker)
+        pool.add(_Worker())
 
 
 # --- the worker process -------------------------------------------------------------------
@@ -143,6 +205,22 @@ def _verdict(calls, category: str, task_id: str, requested: list) -> dict:
 
 
 _OPS = {"step": _step, "verdict": _verdict}
+
+
+def _module_state():
+    """A function that puts back what the simulators set for the whole process (MathAPI:
+    mpmath's precision, the decimal context's): a worker serves one rollout after another,
+    and one task's call must not change another's results."""
+    import decimal
+
+    import mpmath
+
+    prec, pretty, context = mpmath.mp.prec, mpmath.mp.pretty, decimal.getcontext().copy()
+
+    def restore() -> None:
+        mpmath.mp.prec, mpmath.mp.pretty = prec, pretty
+        decimal.setcontext(context.copy())
+    return restore
 
 
 def _import_calls():
@@ -171,11 +249,13 @@ def _serve(down: int, up: int) -> None:
         tx.send(("error", f"{type(e).__name__}: {e}"))
         return
     tx.send(("ready", None))
+    restore = _module_state()
     while True:
         try:
             op, *args = rx.recv()
         except EOFError:
             return
+        restore()
         try:
             reply = ("ok", _OPS[op](calls, *args))
         except Exception as e:  # noqa: BLE001 - a failed request is an answer, not an end
