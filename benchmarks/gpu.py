@@ -189,7 +189,7 @@ def train_shape(args, rows: int, seq: int) -> dict:
 
     from supo_jax.model.policy import new_policy
     from supo_jax.rl.train_step import make_optimizer, train_step
-    from supo_jax.rl.trainer import init_opt_state
+    from supo_jax.rl.train_step import init_opt_state
 
     mc = model_config(args.smoke)
     out = {"rows": rows, "seq": seq, "tokens": rows * seq, "flops_per_step": flops(mc, rows, seq)}

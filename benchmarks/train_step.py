@@ -31,7 +31,7 @@ output - aliased buffers, per device, x devices): on a 23 GiB machine it does no
 (a mesh whose estimate exceeds 90% of MemAvailable is never run). The step is compiled
 ahead (lower().compile(), timed), then one step; on a mesh a second untimed step
 compiles again (step 1 returns some optimizer-state leaves with other shardings than
-the trainer's init_opt_state placed them); then --repeats timed steps, the last one on
+train_step.init_opt_state placed them); then --repeats timed steps, the last one on
 one device under jax.profiler, to report which XLA ops take the time (an op counts as
 a matmul when its optimized-HLO instruction is a dot or a fusion that holds one).
 
@@ -166,7 +166,7 @@ def one_mesh(args, label: str, compile_only: bool) -> dict:
     from supo_jax.model.tiny import tiny_config
     from supo_jax.rl.batch import build_batch
     from supo_jax.rl.train_step import LossConfig, make_optimizer, train_step
-    from supo_jax.rl.trainer import init_opt_state
+    from supo_jax.rl.train_step import init_opt_state
 
     shape = parse_mesh(label)
     n = shape[0] * shape[1] * shape[2]

@@ -233,7 +233,7 @@ def abstract_policy(mc, m, mesh):
 
 def abstract_opt_state(tx, params, mesh):
     """tx's state of `params`, abstract: the moments with their parameters' shardings, the
-    scalars replicated (as trainer.init_opt_state places them)."""
+    scalars replicated (as train_step.init_opt_state places them)."""
     import jax
 
     from supo_jax.model.sharding import replicated

@@ -119,6 +119,38 @@ def test_a_run_keeps_its_sft_warm_start_as_supo_jax_sft_rebuilds_it(straight_run
     assert not all(np.array_equal(kept[k], trained[k]) for k in kept)
 
 
+def test_sigterm_in_the_sft_warm_start_stops_there_and_the_rerun_goes_on(tmp_path,
+                                                                          monkeypatch):
+    """A SIGTERM during the SFT warm start (here: the preemption flag agreed after SFT step 3
+    of 8) stops the run after that SFT step with its progress saved; the rerun goes on from
+    step 3 and warm-starts the same weights as an SFT never stopped."""
+    from safetensors.numpy import load_file
+
+    from supo_jax.config import load_config
+    from supo_jax.rl import trainer
+
+    sets = ["sft.steps=8", "train.steps=1", "train.eval_before=false", "env.eval_tasks=1",
+            "train.expert_ceiling=0"]
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    cfg = load_config(CONFIG, sets + [f"train.run_dir={run}"])
+    asked = []
+
+    def agreed(self):
+        asked.append(1)
+        return len(asked) == 3
+    monkeypatch.setattr(trainer._Preemption, "agreed", agreed)
+    with pytest.raises(trainer.Preempted, match="stopped after SFT step 3 of 8"):
+        trainer.train(cfg)
+    assert (run / "sft_progress").is_dir() and not (run / "checkpoints" / "0").exists()
+    monkeypatch.setattr(trainer._Preemption, "agreed", lambda self: False)
+    trainer.train(cfg)
+    assert not (run / "sft_progress").exists() and (run / "hf" / "config.json").exists()
+    trainer.open_run(load_config(CONFIG, sets + [f"train.run_dir={ref}"])).ckpts.close()
+    resumed, straight = (load_file(str(d / "sft" / "model.safetensors")) for d in (run, ref))
+    assert resumed.keys() == straight.keys()
+    assert all(np.array_equal(resumed[k], straight[k]) for k in resumed)
+
+
 def test_metrics_rows_are_strict_json_and_read_back(tmp_path):
     """A metric without a value (nan) is written as null, so strict JSON parsers read the file;
     a resume and the sweep's reader give nan back."""

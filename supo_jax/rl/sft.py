@@ -199,25 +199,47 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
     return out
 
 
+class SFTStopped(Exception):
+    """SFT stopped between two steps on request (a SIGTERM), its progress saved."""
+
+
 def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, batch_rows: int,
-              max_len: int, seed: int = 0, progress=None) -> list[dict]:
-    """Train `policy` in place on the segments' masked tokens; returns per-step metrics."""
+              max_len: int, seed: int = 0, progress=None, stop=None,
+              ckpt_dir: str | None = None) -> list[dict]:
+    """Train `policy` in place on the segments' masked tokens; returns per-step metrics.
+
+    stop() -> bool, asked after every step: when true, the parameters, optimizer state and
+    step go to ckpt_dir (an Orbax checkpoint, collective) and SFTStopped is raised; a later
+    call with the same arguments and ckpt_dir goes on from that step as if never stopped
+    (the batches are redrawn from the seed) and removes ckpt_dir when it ends."""
+    import shutil
+
     import optax
     from flax import nnx
 
+    from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.rl.batch import build_batch
-    from supo_jax.rl.train_step import LossConfig, make_optimizer, train_step, trainable
+    from supo_jax.rl.train_step import (LossConfig, init_opt_state, join_trainable,
+                                        make_optimizer, split_trainable, train_step, trainable)
 
     if not segments:
         raise ValueError("no demonstrations to train on")
     graphdef, params = policy.split()
     warmup = max(1, steps // 10)   # one update per step: the schedule counts updates
     tx = make_optimizer(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)))
-    opt_state = tx.init(trainable(params))
+    opt_state = init_opt_state(tx, params, policy.mesh)
     cfg = LossConfig(objective="sft")
     rng = np.random.default_rng(seed)
-    history = []
-    for step in range(steps):
+    history, start = [], 0
+    ckpts = RunCheckpoints(ckpt_dir, keep=1, async_save=False) if ckpt_dir else None
+    got = ckpts.restore_latest(trainable(params), opt_state) if ckpts is not None else None
+    if got is not None:
+        start, trained, opt_state, meta = got
+        params = join_trainable(trained, split_trainable(params)[1])
+        history = meta["history"]
+        for _ in range(start):          # the batches drawn before the stop
+            rng.choice(len(segments), size=min(batch_rows, len(segments)), replace=False)
+    for step in range(start, steps):
         idx = rng.choice(len(segments), size=min(batch_rows, len(segments)), replace=False)
         batch = build_batch([segments[i] for i in idx], [0.0] * len(idx), max_len=max_len,
                             rows_multiple=batch_rows)
@@ -228,4 +250,13 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
         history.append({"step": step, "loss": float(m["loss"]), "entropy": float(m["entropy"])})
         if progress:
             progress(history[-1])
+        if stop is not None and step + 1 < steps and stop():
+            if ckpts is None:
+                raise SFTStopped(f"stopped after SFT step {step + 1} of {steps}")
+            ckpts.save(step + 1, trainable(params), opt_state, {"history": history})
+            ckpts.close()
+            raise SFTStopped(f"stopped after SFT step {step + 1} of {steps}, saved in {ckpt_dir}")
+    if ckpts is not None:
+        ckpts.close()
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     return history

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from supo_jax.model.sharding import put, replicated
 from supo_jax.rl.algo import aggregation_norm, policy_loss
 from supo_jax.rl.batch import TrainBatch
 from supo_jax.rl.configs import SCHEDULES, LossConfig
@@ -65,6 +66,19 @@ def _with_learning_rate(opt_state, lr):
                                            "learning_rate": jnp.asarray(lr, old.dtype)})
         return s
     return tuple(put(s) for s in opt_state)
+
+
+def init_opt_state(tx: optax.GradientTransformation, params: nnx.State,
+                   mesh: jax.sharding.Mesh | None) -> optax.OptState:
+    """Optimizer state with every leaf placed: moments follow their parameters' shardings,
+    scalars (step counts) are replicated over the mesh (restores then match exactly)."""
+    opt_state = tx.init(trainable(params))
+    if mesh is None:
+        return opt_state
+    from jax.sharding import NamedSharding
+
+    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
+                        else put(x, replicated(mesh)), opt_state)
 
 
 def split_trainable(params: nnx.State) -> tuple[nnx.State, nnx.State | None]:

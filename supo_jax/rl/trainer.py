@@ -51,8 +51,10 @@ from supo_jax.rl.multihost import ProcessPeers, barrier, is_main, make_run_mesh,
 from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_config, check_run_dir,
                               load_configured_policy, model_fingerprint, row_len,
                               sampler_rows, save_policy, serving_policy)
-from supo_jax.rl.train_step import (join_trainable, learning_rate, make_optimizer,
-                                    recompute_logprobs, split_trainable, train_step, trainable)
+from supo_jax.rl.sft import SFTStopped
+from supo_jax.rl.train_step import (init_opt_state, join_trainable, learning_rate,
+                                    make_optimizer, recompute_logprobs, split_trainable,
+                                    train_step, trainable)
 from supo_jax.sampling.sampler import SamplingParams
 from supo_jax.utils import json_safe
 
@@ -220,8 +222,10 @@ def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
     return ro, actor
 
 
-def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = True) -> dict:
-    """SFT on demonstrations (scripted experts by default). Returns a small report."""
+def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = True, *,
+               stop: Callable[[], bool] | None = None, ckpt_dir: str | None = None) -> dict:
+    """SFT on demonstrations (scripted experts by default). Returns a small report. stop /
+    ckpt_dir: sft_train's (stopped between SFT steps, its progress saved to go on from)."""
     from supo_jax.envs import make_tasks
     from supo_jax.rl.sft import expert_segments, jsonl_segments, sft_train
 
@@ -255,7 +259,7 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
         demo_success, report = float("nan"), {"sft_demos_file": s.demos}
     bar = progress_bar(s.steps, "sft", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
-                     max_len=max_len, seed=cfg.train.seed,
+                     max_len=max_len, seed=cfg.train.seed, stop=stop, ckpt_dir=ckpt_dir,
                      progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
                      if bar else None)
     if bar:
@@ -384,10 +388,15 @@ def train(cfg: Config) -> dict:
 
 
 def _train(cfg: Config, preemption: _Preemption) -> dict:
-    run = open_run(cfg)
+    run = open_run(cfg, stop=preemption.agreed)
     metrics_log = MetricsLog(cfg.train.run_dir, run.start)
     if cfg.train.eval_before:
         eval_before(run, metrics_log)
+        if run.start < cfg.train.steps and preemption.agreed():   # step 0 is saved
+            run.ckpts.close()
+            metrics_log.close()
+            raise Preempted(f"stopped by SIGTERM before step 1 of {cfg.train.steps}; rerun the "
+                            "same command to resume")
     from supo_jax.envs.datasets import load_tasks
     train_tasks = load_tasks(cfg.env.name, "train", cfg.env.train_tasks, seed=cfg.env.seed,
                              **cfg.env.knobs)   # a tfds array_record task set, built on first use
@@ -426,7 +435,7 @@ def _train(cfg: Config, preemption: _Preemption) -> dict:
     return finish(run, history, metrics_log)
 
 
-def open_run(cfg: Config) -> Run:
+def open_run(cfg: Config, stop: Callable[[], bool] | None = None) -> Run:
     """Set up (or reopen) the run directory: mesh, policy, the run-directory and resume
     checks, config.json, the optimizer; then restore the latest checkpoint, or on a new
     run warm-start the tiny policy by SFT and checkpoint it as step 0."""
@@ -482,7 +491,12 @@ def open_run(cfg: Config) -> Run:
         run.report.update(expert_ceiling(cfg, fmt))
     if (restored is None and not (cfg.train.init_from or cfg.model.path)
             and cfg.train.sft_warm_start):
-        run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress))
+        try:   # a SIGTERM (stop) ends it between SFT steps; a rerun goes on from there
+            run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress, stop=stop,
+                                         ckpt_dir=os.path.join(run_dir, "sft_progress")))
+        except SFTStopped as e:
+            ckpts.close()
+            raise Preempted(f"{e}; rerun the same command to resume") from None
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
         # (experiments/reeval.py), roll out or train from (train.init_from)
         save_policy(policy, cfg, os.path.join(run_dir, "sft"),   # collective; process 0 writes
@@ -774,19 +788,6 @@ def _ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, opt
         upd["kl_stopped"] = float(stopped)
     return params, opt_state, {**upd, **correction, "updates": len(ms) - stopped,
                                "rows": int(batch.rows)}
-
-
-def init_opt_state(tx: optax.GradientTransformation, params: nnx.State,
-                   mesh: Mesh | None) -> optax.OptState:
-    """Optimizer state with every leaf placed: moments follow their parameters' shardings,
-    scalars (step counts) are replicated over the mesh (restores then match exactly)."""
-    opt_state = tx.init(trainable(params))
-    if mesh is None:
-        return opt_state
-    from jax.sharding import NamedSharding
-
-    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
-                        else put(x, replicated(mesh)), opt_state)
 
 
 def hash_seed(seed: int, step: int) -> int:
