@@ -329,6 +329,11 @@ def test_progress_is_plain_lines_when_not_a_terminal(capsys, monkeypatch):
     assert lines[-1].startswith("rollouts 1: 4/4 (100%)")
     assert len(lines) == 2   # close() after a line at 4/4 does not print 4/4 again
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    # a resumed run's bar counts on from its step, with the time left at this pace
+    resumed = metrics.LineProgress(30, "train (RL steps)", every=0.0, stream=out, initial=6)
+    resumed.t0 -= 8.0                       # 8 s for 2 steps: 4 s a step, 22 steps to go
+    resumed.update(2)
+    assert out.getvalue().splitlines()[-1].startswith("train (RL steps): 8/30 (27%) 8s, 1m28s left")
     quiet = metrics.LineProgress(10, "sft", every=3600.0, stream=out)
     n = len(out.getvalue())
     quiet.update(5)

@@ -18,10 +18,12 @@ class LineProgress:
     `every` seconds and once at the end."""
 
     def __init__(self, total: int, desc: str, every: float = 30.0, stream=None,
-                 closing_line: bool = True):
+                 closing_line: bool = True, initial: int = 0):
         self.total, self.desc, self.every = total, desc, every
         self.stream = stream or sys.stderr
-        self.n, self.postfix, self.lines, self.printed = 0, "", 0, -1
+        # initial: done before this process (a resumed run counts from its step)
+        self.initial = self.n = initial
+        self.postfix, self.lines, self.printed = "", 0, -1
         self.closing_line = closing_line   # False: a closing line only after periodic ones
         self.t0 = self.last = time.time()
 
@@ -36,13 +38,26 @@ class LineProgress:
     def _line(self) -> None:
         self.last, self.lines, self.printed = time.time(), self.lines + 1, self.n
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        print(f"{self.desc}: {self.n}/{self.total}{pct} {self.last - self.t0:.0f}s {self.postfix}"
+        spent, done = self.last - self.t0, self.n - self.initial
+        eta = (f", {_duration(spent / done * (self.total - self.n))} left"
+               if done and self.total and self.n < self.total else "")
+        print(f"{self.desc}: {self.n}/{self.total}{pct} {_duration(spent)}{eta} {self.postfix}"
               .rstrip(), file=self.stream, flush=True)
 
     def close(self) -> None:
         """A last line, unless the last one printed already showed where it ended."""
         if (self.closing_line or self.lines) and self.printed != self.n:
             self._line()
+
+
+def _duration(s: float) -> str:
+    """37s, 4m05s, 2h03m."""
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _in_notebook() -> bool:
@@ -53,15 +68,17 @@ def _in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def progress_bar(total, desc, enabled, closing_line: bool = True):
+def progress_bar(total, desc, enabled, closing_line: bool = True, initial: int = 0):
     """A progress bar on a terminal or in a notebook, plain periodic lines otherwise (where a
-    bar without `closing_line`, e.g. one step's rollouts, prints only if it runs long)."""
+    bar without `closing_line`, e.g. one step's rollouts, prints only if it runs long); both
+    show the time left. `initial`: done already (a resumed run's steps: it counts on from
+    there)."""
     if not enabled or not is_main():
         return None
     if not sys.stderr.isatty() and not _in_notebook():
-        return LineProgress(total, desc, closing_line=closing_line)
+        return LineProgress(total, desc, closing_line=closing_line, initial=initial)
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, initial=initial)
 
 
 def dump_row(row: dict) -> str:

@@ -257,7 +257,7 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
         segs = jsonl_segments(fmt, s.demos, default_tools=tools, max_len=max_len,
                               ctx=cfg.context)
         demo_success, report = float("nan"), {"sft_demos_file": s.demos}
-    bar = progress_bar(s.steps, "sft", progress)
+    bar = progress_bar(s.steps, "sft (warm start steps)", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
                      max_len=max_len, seed=cfg.train.seed, stop=stop, ckpt_dir=ckpt_dir,
                      progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
@@ -273,9 +273,11 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
 
 
 def evaluate(policy: Policy, fmt: ChatFormat, cfg: Config, *, max_summaries: int | None = None,
-             tasks: Sequence[dict] | None = None, seed: int = 0, progress: bool = True) -> dict:
+             tasks: Sequence[dict] | None = None, seed: int = 0, progress: bool = True,
+             label: str = "eval") -> dict:
     """Success etc. on the held-out split with an optional summary cap: greedy (one rollout
-    per task) by default, or train.eval_samples rollouts per task at train.eval_temperature."""
+    per task) by default, or train.eval_samples rollouts per task at train.eval_temperature.
+    `label` names the phase on the progress line."""
     import dataclasses
 
     from supo_jax.envs.datasets import load_tasks
@@ -286,8 +288,8 @@ def evaluate(policy: Policy, fmt: ChatFormat, cfg: Config, *, max_summaries: int
         cfg.context, max_summaries=int(max_summaries))
     t = cfg.train
     g = t.eval_samples if t.eval_temperature > 0 else 1
-    bar = progress_bar(len(tasks) * g, f"eval S={ctx.max_summaries}" if ctx.summarizes
-                       else f"eval {ctx.manager}", progress)
+    bar = progress_bar(len(tasks) * g, f"{label} S={ctx.max_summaries}" if ctx.summarizes
+                       else f"{label} {ctx.manager}", progress)
     ro = rollout_batch(policy, fmt, cfg, tasks, seed=seed, context=ctx, group_size=g,
                        sampling=SamplingParams(t.eval_temperature),
                        progress=bar.update if bar else None)
@@ -407,8 +409,8 @@ def _train(cfg: Config, preemption: _Preemption) -> dict:
     if run.start >= cfg.train.steps and is_main():
         print(f"{cfg.train.run_dir} is at step {run.start} of train.steps={cfg.train.steps}: "
               "no steps to run; evaluating its policy (raise train.steps to train on)")
-    outer = (progress_bar(cfg.train.steps - run.start, "train", cfg.train.progress)
-             if run.start < cfg.train.steps else None)
+    outer = (progress_bar(cfg.train.steps, "train (RL steps)", cfg.train.progress,
+                          initial=run.start) if run.start < cfg.train.steps else None)
     for step in range(run.start, cfg.train.steps):
         pos = (step * B) % len(train_tasks)
         tasks = [train_tasks[(pos + i) % len(train_tasks)] for i in range(B)]
@@ -549,7 +551,8 @@ def eval_before(run: Run, metrics_log: MetricsLog) -> None:
     elif run.start == 0:
         cfg = run.cfg
         run.report["eval_before"] = evaluate(run.policy, run.fmt, cfg, seed=cfg.train.seed,
-                                             progress=cfg.train.progress)
+                                             progress=cfg.train.progress,
+                                             label="eval (before step 1)")
         metrics_log.write({"step": 0, **eval_row(run.report["eval_before"])})
 
 
@@ -704,7 +707,8 @@ def end_step(run: Run, done: int, metrics_log: MetricsLog, *, task_position: int
     if done % t.save_every == 0 or done == t.steps:
         save_step(run, done, task_position=task_position)
     if t.eval_every and done % t.eval_every == 0 and done < t.steps:
-        ev = evaluate(run.policy, run.fmt, run.cfg, seed=t.seed, progress=t.progress)
+        ev = evaluate(run.policy, run.fmt, run.cfg, seed=t.seed, progress=t.progress,
+                      label=f"eval (after step {done})")
         metrics_log.write({"step": done, **eval_row(ev)})
 
 
@@ -712,7 +716,8 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     """The final eval and the summary-cap scaling evals, eval.json, the HF export."""
     cfg, t = run.cfg, run.cfg.train
     run.ckpts.close()
-    final = evaluate(run.policy, run.fmt, cfg, seed=t.seed, progress=t.progress)
+    final = evaluate(run.policy, run.fmt, cfg, seed=t.seed, progress=t.progress,
+                     label=f"eval (after step {t.steps}, the last)")
     metrics_log.write_eval(t.steps, eval_row(final))
     scaling = evaluate_caps(run.policy, run.fmt, cfg, t.eval_max_summaries, seed=t.seed,
                             progress=t.progress, made=final)
