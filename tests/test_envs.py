@@ -374,3 +374,48 @@ def test_listing_family_needs_reading_to_find_the_key():
     assert "error" in env.act(format_tool_call("read_page", {"page": 4})).info
     r = env.act(format_tool_call("finish", {"answer": task["answer"]}))
     assert r.done and r.reward == 1.0
+
+
+def test_reports_family_states_the_figure_first_then_filler():
+    """fncall/reports: each report's figure in its first sentence (an observation cut at
+    max_observation_tokens keeps it), then 10-16 filler sentences without a number, the same
+    for the same task; the expert solves it under full context and summarize-and-reset."""
+    import re
+
+    tasks = make_tasks("fncall/reports", "train", 4, 0, size=(2, 6))
+    expert_solves("fncall/reports", tasks)
+    env = make_env("fncall/reports")
+    env.reset(tasks[0])
+    obs = env.act(format_tool_call("read_report", {"report": 2})).observation
+    head, rest = obs.split(". ", 1)
+    assert head == f"Report 2: the figure is {tasks[0]['values'][1]}"
+    assert not re.search(r"\d", rest) and 10 <= rest.count(".") <= 16
+    env.reset(tasks[0])
+    assert env.act(format_tool_call("read_report", {"report": 2})).observation == obs
+    env.act(format_tool_call("read_report", {"report": 1}))    # the canonical prefix read
+    v = tasks[0]["values"]
+    assert env.probe(f"sum={v[0] + v[1]}; next=3") and not env.probe(f"sum={v[0]}; next=2")
+
+
+def test_sections_family_keeps_a_constant_state_and_a_branch_a_section():
+    """fncall/sections: the largest of n section totals, the state four numbers; the expert
+    solves it under full context and summarize-and-reset, and under fold opens one branch a
+    section, each returning that section's outcome."""
+    from supo_jax.envs.experts import FoldingExpert
+
+    tasks = make_tasks("fncall/sections", "train", 3, 0, size=(1, 4))
+    expert_solves("fncall/sections", tasks)
+    task = make_tasks("fncall/sections", "eval", 1, 0, size=2)[0]
+    env = make_env("fncall/sections")
+    env.reset(task)
+    for p in range(1, 7):
+        env.act(format_tool_call("read_page", {"section": 1, "page": p}))
+    first = sum(task["values"][0])
+    assert env.probe(f"best={first}; section=2; sum=0; page=1")
+    assert not env.probe(f"best={first}; section=1; sum=0; page=7")
+    assert "error" in env.act(format_tool_call("read_page", {"section": 3, "page": 1})).info
+    expert = expert_for("fncall/sections")
+    msgs = [{"role": "user", "content": env.prompt()}]
+    assert expert.subtask(msgs) == "section 1"
+    fold = FoldingExpert(expert)
+    assert '"description": "section 1"' in fold.act(msgs)

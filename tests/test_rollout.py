@@ -488,7 +488,9 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
                  ["--set", "context.manager=full", "--set", "context.working_context=200000",
                   "--set", "context.max_steps=400", "--set", "context.max_action_tokens=8192",
                   "--set", "context.max_observation_tokens=100000"] if name.startswith("bfcl/")
-                 else ["--set", "env.knobs.size=6", "--set", "context.working_context=1400"])
+                 # sections: 6 pages a section, so 4 sections fit the recipe's 30 steps
+                 else ["--set", f"env.knobs.size={4 if name == 'fncall/sections' else 6}",
+                       "--set", "context.working_context=1400"])
         r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", name,
                             "--policy", "scripted", "--num", "2", "--out", str(out), *knobs],
                            capture_output=True, text=True, timeout=300, env=env)

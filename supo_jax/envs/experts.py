@@ -154,7 +154,10 @@ class FoldingExpert:
     """Any expert under context.manager=fold: it works in branches. In the main thread it
     opens a branch; in a branch it lets the wrapped expert make `calls_per_branch` calls, then
     returns the wrapped expert's summary as the return message, so the main thread holds the
-    branch calls and their messages only. The wrapped expert sees the context as a SUPO
+    branch calls and their messages only. A wrapped expert with `subtask(messages)` (the
+    sub-task the context is in, "" once all are done, None where the task has none: fncall's
+    sections) gets a branch per sub-task instead, returned once that sub-task is done; with
+    none left it answers in the main thread. The wrapped expert sees the context as a SUPO
     restart: s1, the continuation holding the last return message (a FORCED_RETURN adds
     nothing, and halves the calls of the branches after it), then the turns since. Once the
     driver refuses a branch (context.max_branches spent) it goes on in the main thread."""
@@ -166,48 +169,59 @@ class FoldingExpert:
         self.continuation = continuation
 
     def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool, int]:
-        """(what the wrapped expert reads, calls made in the open branch or None in the main
-        thread, whether a branch may still be opened, branches closed by the limit)."""
+        """(what the wrapped expert reads, where in it the open branch starts or None in the
+        main thread, whether a branch may still be opened, branches closed by the limit)."""
         s1 = next(i for i, m in enumerate(messages) if m.get("role") == "user")
         head, summary, since = messages[:s1 + 1], None, []
-        in_branch, can_branch, forced, j = None, True, 0, s1 + 1
+        opened, can_branch, forced, j = None, True, 0, s1 + 1
         while j < len(messages):
             m = messages[j]
             nxt = messages[j + 1] if j + 1 < len(messages) else None
             op = fold_call(m["content"]) if m.get("role") == "assistant" else None
             if op is None or nxt is None or nxt.get("role") != "tool":
                 since.append(m)
-                if in_branch is not None and m.get("role") == "assistant":
-                    in_branch += 1
                 j += 1
                 continue
             reply = str(nxt["content"])
             if reply.startswith("Branch opened"):
-                in_branch = 0
+                opened = len(since)
             elif reply.startswith("error"):
                 can_branch = can_branch and "no branches left" not in reply
             else:                       # a branch folded into its return message
                 if reply != FORCED_RETURN:
                     summary, since = reply, []
                 forced += reply == FORCED_RETURN
-                in_branch = None
+                opened = None
             j += 2
         if summary is not None:
             head = head + [{"role": "user", "continuation": True, "content":
                             self.continuation.format(prompt=head[-1]["content"], summary=summary)}]
-        return head + since, in_branch, can_branch, forced
+        return head + since, None if opened is None else len(head) + opened, can_branch, forced
+
+    def _subtask(self, view: list[dict]) -> str | None:
+        sub = getattr(self.expert, "subtask", None)
+        return sub(view) if sub is not None else None
+
+    def _branch_done(self, view: list[dict], start: int, task: str | None, forced: int) -> bool:
+        """Whether the open branch has done its work: its sub-task is no longer the one it
+        opened in, or (no sub-tasks) it made its calls; each branch the limit closed (its
+        calls lost) halves the calls of the next ones."""
+        if task is not None:
+            return task != self._subtask(view[:start])
+        calls = sum(m.get("role") == "assistant" for m in view[start:])
+        return calls >= max(1, self.calls_per_branch >> forced)
 
     def act(self, messages: list[dict], summarize: bool = False) -> str:
-        view, in_branch, can_branch, forced = self._view(messages)
+        view, start, can_branch, forced = self._view(messages)
         ask = [{"role": "user", "content": SUMMARY_INSTRUCTION}]   # as a summary request ends
         if summarize:
             return self.expert.act(view + ask, True)
-        if in_branch is None and can_branch:
-            return format_tool_call("branch", {"description": "the next steps"})
-        # each branch the limit closed (its calls lost) halves the calls of the next ones
-        # (a return, like a summary, follows a tool result: not a new user request)
-        if (in_branch is not None and in_branch >= max(1, self.calls_per_branch >> forced)
-                and view[-1].get("role") == "tool"):
+        task = self._subtask(view)
+        if start is None and can_branch and task != "":
+            return format_tool_call("branch", {"description": task or "the next steps"})
+        # a return, like a summary, follows a tool result: not a new user request
+        if (start is not None and view[-1].get("role") == "tool"
+                and self._branch_done(view, start, task, forced)):
             from supo_jax.text.parsing import extract_summary
             text = self.expert.act(view + ask, True)
             return format_tool_call("return", {"message": extract_summary(text) or text})

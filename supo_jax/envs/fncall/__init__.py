@@ -16,9 +16,18 @@ count     look(i)                    red items of a hidden-length count=<int>; n
                                      row                          last=<index or -1>
 listing   read_page(page)            one key's value in n pages   next=<page>; value=<int or -1>
                                      of 4 entries
+reports   read_report(report)        sum of the figures of n      sum=<int>; next=<report>
+                                     reports (~100-200 tokens
+                                     each, the figure first)
+sections  read_page(section, page)   largest total of n sections  best=<int>; section=<int>;
+                                     of 6 pages                   sum=<int>; page=<int>
 
-The knob n is: people / pages / hops / nodes / items / pages. `fncall` (the mixture) draws
-from the first four; count and listing run as `fncall/count` and `fncall/listing`. For "graph" the state is the BFS state
+The knob n is: people / pages / hops / nodes / items / pages / reports / sections. `fncall`
+(the mixture) draws from the first four; the others run as `fncall/<family>`. reports and
+sections are for comparing context managers: a report is dead weight once read (clearing old
+results or summarizing reaches far, `full` does not), and a section is a sub-task whose pages
+can be dropped once it is summed (under fold the expert opens a branch a section; the default
+8 sections use context.max_branches' 8). For "graph" the state is the BFS state
 (nodes expanded layer by layer in ascending order; `seen` lists every node found),
 about 3n tokens, so keep n <= ~40 there; the target is a node farthest from the source,
 so the search expands most of the graph.
@@ -36,7 +45,8 @@ case-insensitively as `key=value` or `key: value`; list values are sets of ints.
 the working context alone (prompt, latest summary, observations after it).
 
 Modules: common.py (FncallEnv, the base every family subclasses, and shared helpers), one
-file per family (tallest.py, pages.py, chain.py, graph.py, count.py, listing.py), suite.py
+file per family (tallest.py, pages.py, chain.py, graph.py, count.py, listing.py, reports.py,
+sections.py), suite.py
 (FAMILY_ENVS, the `fncall` mixture env, generate_tasks), expert.py (Expert, expert_for).
 Importing this package registers `fncall`, each `fncall/<family>` and the expert.
 """
@@ -53,11 +63,14 @@ from supo_jax.envs.fncall.expert import Expert, expert_for
 from supo_jax.envs.fncall.graph import Graph
 from supo_jax.envs.fncall.listing import Listing
 from supo_jax.envs.fncall.pages import Pages
+from supo_jax.envs.fncall.reports import Reports
+from supo_jax.envs.fncall.sections import Sections
 from supo_jax.envs.fncall.suite import FAMILIES, FAMILY_ENVS, Fncall, generate_tasks
 from supo_jax.envs.fncall.tallest import Tallest
 
 __all__ = ["FAMILIES", "FAMILY_ENVS", "Chain", "Count", "Expert", "Fncall", "FncallEnv", "Graph",
-           "Listing", "Pages", "Tallest", "expert_for", "format_state", "generate_tasks"]
+           "Listing", "Pages", "Reports", "Sections", "Tallest", "expert_for", "format_state",
+           "generate_tasks"]
 
 register_env("fncall", tasks=generate_tasks)(Fncall)
 for _f, _cls in FAMILY_ENVS.items():

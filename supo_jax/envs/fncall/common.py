@@ -166,6 +166,12 @@ class FncallEnv(Environment):
         raise NotImplementedError
 
     @classmethod
+    def subtask(cls, p: dict, s: dict) -> str | None:
+        """Families made of independent sub-tasks: the one the state is in ("" once all are
+        done), so an expert under fold opens a branch per sub-task; None: no sub-tasks."""
+        return None
+
+    @classmethod
     def repair(cls, p: dict, s: dict) -> dict:
         """Make a state pieced together from an imperfect summary usable."""
         return s

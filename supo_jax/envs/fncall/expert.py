@@ -33,7 +33,8 @@ class Expert:
         self.marker = continuation_marker(continuation)
         self.dropped = 0  # summaries made imperfect so far
 
-    def act(self, messages: list[dict], summarize: bool = False) -> str:
+    def _state(self, messages: list[dict]):
+        """(family, task parameters, loop state) read from the working context."""
         prompt, summary, observations = read_context(messages, self.marker)
         for fam in self.families:
             if (p := fam.parse_prompt(prompt)) is not None:
@@ -45,6 +46,16 @@ class Expert:
             s = fam.repair(p, {**s, **fam.parse_state(summary)})
         for o in observations:
             s = fam.repair(p, fam.update(p, s, o))
+        return fam, p, s
+
+    def subtask(self, messages: list[dict]) -> str | None:
+        """The sub-task the context is in ("" once all are done; None: the family has none):
+        FoldingExpert opens a branch per sub-task."""
+        fam, p, s = self._state(messages)
+        return fam.subtask(p, s)
+
+    def act(self, messages: list[dict], summarize: bool = False) -> str:
+        fam, p, s = self._state(messages)
         thought, name, args = fam.decide(p, s)
         if not summarize:
             call = f"{thought}\n{format_tool_call(name, args)}"

@@ -13,6 +13,8 @@ class Pages(FncallEnv):
     state_keys = {"sum": "int", "next": "int"}
     prompt_pattern = r"A document has (?P<n>\d+) pages"
     start = {"sum": 0, "next": 1}
+    item = "page"                               # what read_<item>(<item>) reads
+    reading = r"Page (\d+) reads (-?\d+)\."    # an observation: (item, value)
 
     tools = (ToolSpec("read_page", "Read one page of the document.",
                       _params(page=("integer", "page number, from 1"))),
@@ -31,8 +33,8 @@ class Pages(FncallEnv):
                 "progress as sum=<sum of the pages read>; next=<next page to read>.")
 
     def _call(self, name, a):
-        p = a["page"]
-        err = self._visit(p, 1, self.n, "pages")
+        p = a[self.item]
+        err = self._visit(p, 1, self.n, f"{self.item}s")
         return err or StepResult(f"Page {p} reads {self._task['values'][p - 1]}.")
 
     def state(self):
@@ -41,7 +43,7 @@ class Pages(FncallEnv):
 
     @classmethod
     def update(cls, p, s, obs):
-        m = re.search(r"Page (\d+) reads (-?\d+)\.", obs)
+        m = re.search(cls.reading, obs)
         if m and int(m.group(1)) == s["next"]:
             return {"sum": s["sum"] + int(m.group(2)), "next": s["next"] + 1}
         return s
@@ -49,6 +51,7 @@ class Pages(FncallEnv):
     @classmethod
     def decide(cls, p, s):
         if s["next"] > p["n"]:
-            return f"All pages are read; the sum is {s['sum']}.", "finish", {"answer": s["sum"]}
-        return (f"Sum so far: {s['sum']}. Read page {s['next']}.", "read_page",
-                {"page": s["next"]})
+            return (f"All {cls.item}s are read; the sum is {s['sum']}.", "finish",
+                    {"answer": s["sum"]})
+        return (f"Sum so far: {s['sum']}. Read {cls.item} {s['next']}.", f"read_{cls.item}",
+                {cls.item: s["next"]})

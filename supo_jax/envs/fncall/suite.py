@@ -11,12 +11,15 @@ from supo_jax.envs.fncall.count import Count
 from supo_jax.envs.fncall.graph import Graph
 from supo_jax.envs.fncall.listing import Listing
 from supo_jax.envs.fncall.pages import Pages
+from supo_jax.envs.fncall.reports import Reports
+from supo_jax.envs.fncall.sections import Sections
 from supo_jax.envs.fncall.tallest import Tallest
 
 FAMILIES = ("tallest", "pages", "chain", "graph")
 # `fncall` (the mixture) draws from FAMILIES; every family here is also `fncall/<family>`
 FAMILY_ENVS: dict[str, type[FncallEnv]] = {c.family: c for c in (Tallest, Pages, Chain, Graph,
-                                                                  Count, Listing)}
+                                                                  Count, Listing, Reports,
+                                                                  Sections)}
 
 
 class Fncall(Environment):
