@@ -59,7 +59,8 @@ def methods(W: int, S: int, summary_tokens: int = 48) -> list[tuple[str, str, di
         ("state", f"Per-turn state, MEM1-style (W={W})",
          {"context.manager": "state", "context.max_state_tokens": str(summary_tokens)}),
         ("fold", f"Context folding (W={W})", {"context.manager": "fold"}),
-        ("clear", f"Tool-result clearing (W={W})", {"context.manager": "clear"}),
+        ("clear", f"Tool-result clearing (W={W})",   # its replies carry a state block too
+         {"context.manager": "clear", "context.max_state_tokens": str(summary_tokens)}),
     ]
 
 

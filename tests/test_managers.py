@@ -5,11 +5,14 @@ import functools
 
 import pytest
 
-FAMILIES = ("tallest", "count", "pages", "graph", "chain", "listing")
+FAMILIES = ("tallest", "count", "pages", "graph", "chain", "listing", "reports", "sections")
+# a W where results and finished sub-tasks outgrow `full` (experiments/LOG.md, 2026-11-29)
+WIDE = ("context.working_context=2048", "context.max_observation_tokens=256",
+        "context.max_steps=100")
 
 
 @functools.lru_cache(maxsize=None)
-def _expert(family: str, manager: str, n: int = 4) -> dict:
+def _expert(family: str, manager: str, n: int = 4, sets: tuple = ()) -> dict:
     from supo_jax.agent.render import ChatFormat
     from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize
     from supo_jax.config import load_config
@@ -18,7 +21,7 @@ def _expert(family: str, manager: str, n: int = 4) -> dict:
     from supo_jax.rl.runs import env_tokenizer
 
     cfg = load_config(None, [f"env.name=fncall/{family}", f"context.manager={manager}",
-                             "train.sft_warm_start=false"])
+                             "train.sft_warm_start=false", *sets])
     fmt = ChatFormat(env_tokenizer(cfg))
     tasks = make_tasks(cfg.env.name, "train", n, seed=cfg.env.seed, **cfg.env.knobs)
     ro = run_rollouts(ScriptedActor(for_context(expert_for(cfg.env.name), cfg.context), fmt),
@@ -40,6 +43,40 @@ def test_state_solves_every_family_supo_solves_with_its_block_budgeted(family):
         assert state["cut_calls"] == 0, state
     if family == "tallest":
         assert state["success_rate"] == 1.0, state
+
+
+@pytest.mark.parametrize("family,size,reaches", [("reports", 16, "clear"),
+                                                  ("sections", 8, "fold")])
+def test_clear_and_fold_each_have_a_family_they_solve_where_full_does_not(family, size, reaches):
+    """At W = 2048: 16 reports of ~100-200 tokens outgrow `full`, while `clear` (the agent's
+    <state> blocks keep what the cleared results said) and `supo` finish; 8 sections of 6
+    pages outgrow `full`, while `fold` (a branch a section, one return message each stays)
+    finishes. `state` solves whatever `supo` solves."""
+    sets = (f"env.knobs.size={size}", *WIDE)
+    got = {m: _expert(family, m, 4, sets) for m in ("full", reaches, "supo", "state")}
+    assert got[reaches]["success_rate"] >= 0.9, got[reaches]
+    assert got["full"]["success_rate"] <= 0.1 and got["full"]["reasons"] == {
+        "context_limit": 4}, got["full"]
+    assert got["state"]["success_rate"] >= got["supo"]["success_rate"], got
+    if reaches == "fold":   # one branch a section, none past them
+        assert got["fold"]["folds_mean"] == size, got["fold"]
+    else:                   # every reply kept its state; old results cleared, never the newest
+        assert got["clear"]["states_mean"] == got["clear"]["steps_mean"], got["clear"]
+        assert got["clear"]["cleared_mean"] > 0 and got["clear"]["clear_exhausted_mean"] == 0
+
+
+def test_clear_asks_for_state_blocks_and_counts_running_out_of_results_to_clear():
+    """Under `clear` the prompt asks for <state> blocks, budgeted as under `state`. At the
+    recipe's W = 446 the replies that stay outgrow L once every old result is cleared: the
+    rollouts end at the limit and `clear_exhausted` says so."""
+    from supo_jax.agent.context import ContextConfig
+
+    c = ContextConfig("clear", 400, max_action_tokens=48, max_state_tokens=40)
+    assert "<state></state>" in c.state_request and c.budget(100, summary=False) == 88
+    assert ContextConfig("full", 400).state_request == ""
+    got = _expert("reports", "clear", 4, ("env.knobs.size=8",))
+    assert got["reasons"] == {"context_limit": 4} and got["clear_exhausted_mean"] >= 1, got
+    assert got["states_mean"] > 0
 
 
 def test_state_block_budget_is_its_own_setting_counted_in_w():

@@ -12,8 +12,8 @@ generation prompt) or "done" (with `state.reason`).
 
 No request plus its output, and no training row, exceeds ContextConfig.row_bound tokens:
 W, except for a summary under the paper's rule. An action's budget is min(max_action_tokens,
-W - request length) (under `state`, max_action_tokens + max_state_tokens: the reply's state
-block has a budget of its own). The manager acts at L (ContextConfig.trigger_rule):
+W - request length) (under `state` and `clear`, max_action_tokens + max_state_tokens: the
+reply's state block has a budget of its own). The manager acts at L (ContextConfig.trigger_rule):
   paper    L = floor(trigger_ratio * W), the paper's 0.95 W (clamped to W - generation
            prompt - 1, so that an action always has a token of room; this binds only when
            W is below ~20 generation prompts). As in the paper (docs/SUPO.md §2), the summary
@@ -67,7 +67,13 @@ Managers (ContextConfig.manager):
   clear              tool-result clearing: the oldest observations are replaced by a
                      short placeholder (CLEARED) until the context fits below L;
                      nothing is trained differently (a context cleared starts a new
-                     segment, as truncate's does).
+                     segment, as truncate's does). The task prompt asks every reply to
+                     begin with <state></state> (CLEAR_INSTRUCTION, budgeted as under
+                     `state`): the replies stay, so their state keeps what a cleared result
+                     said (`states` counts the blocks). The replies still grow the context:
+                     `clear_exhausted` counts the times it reached L with every older
+                     result already cleared (the newest, not yet acted on, is then cleared
+                     too; if that is not enough the rollout ends, context_limit).
   frozen_summarizer  like supo, but the summary comes from a separate frozen
                      policy and its tokens are not trained (ReSum-style).
 A context that is not an append-only continuation of the previous one starts a
@@ -80,13 +86,13 @@ from typing import NamedTuple, Sequence
 
 from supo_jax.agent.render import ChatFormat
 from supo_jax.text.parsing import fold_call  # noqa: F401  (the fold manager's tools, parsed)
-from supo_jax.text.templates import (CONTINUATION, FOLD_TOOLS, FORCED_RETURN,  # noqa: F401
-                                     STATE_INSTRUCTION, SUMMARY_INSTRUCTION)
+from supo_jax.text.templates import (CLEAR_INSTRUCTION, CONTINUATION, FOLD_TOOLS,  # noqa: F401
+                                     FORCED_RETURN, STATE_INSTRUCTION, SUMMARY_INSTRUCTION)
 
 MANAGERS = ("supo", "full", "truncate", "window", "frozen_summarizer", "clear", "state", "fold")
 # managers whose actions take a form other managers' demonstrations never show (a <state>
 # block; the branch and return tools): a comparison warm-starts them on their own demonstrations
-OWN_DEMONSTRATIONS = ("state", "fold")
+OWN_DEMONSTRATIONS = ("state", "clear", "fold")
 CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
@@ -115,7 +121,9 @@ class ContextConfig:
     window_turns: int = 4
     summary_counts_as_step: bool = True
     state_instruction: str = STATE_INSTRUCTION   # state: appended to the task prompt
-    max_state_tokens: int = 256        # state: a reply's <state> block, beyond max_action_tokens
+    clear_instruction: str = CLEAR_INSTRUCTION   # clear: appended to the task prompt
+    max_state_tokens: int = 256        # state, clear: a reply's <state> block, beyond
+                                       # max_action_tokens
     max_branches: int = 8                        # fold: branches a rollout may open
 
     def __post_init__(self):
@@ -194,10 +202,18 @@ class ContextConfig:
         return min(self.action_tokens, self.working_context - request_len)
 
     @property
+    def state_request(self) -> str:
+        """What the task prompt ends with, asking every reply to begin with a <state></state>
+        block (state: state_instruction, clear: clear_instruction), or "" where nothing is."""
+        return {"state": self.state_instruction, "clear": self.clear_instruction}.get(
+            self.manager, "")
+
+    @property
     def action_tokens(self) -> int:
-        """An action's own budget: max_action_tokens, and under `state` its <state> block's
-        max_state_tokens beside it (a reply holds both; W still bounds the two together)."""
-        return self.max_action_tokens + (self.max_state_tokens if self.manager == "state" else 0)
+        """An action's own budget: max_action_tokens, and where the prompt asks for a <state>
+        block (state, clear) its max_state_tokens beside it (a reply holds both; W still
+        bounds the two together)."""
+        return self.max_action_tokens + (self.max_state_tokens if self.state_request else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +250,9 @@ class RolloutState:
     branch: tuple[int, ...] = ()
     folds: int = 0                     # fold: branches opened
     results_cleared: int = 0           # clear: tool results replaced by CLEARED
+    # clear: times the context reached L with every result before the newest already cleared
+    # (the newest, not yet acted on, was then cleared too, or the rollout ended)
+    clear_exhausted: int = 0
     last_role: str = "user"            # role of the turn that closes `tokens`
     messages: tuple[dict, ...] = ()    # the working context as chat messages
     segments: tuple[Segment, ...] = ()
@@ -286,6 +305,8 @@ def state_to_json(state: RolloutState) -> dict:
 def state_from_json(d: dict) -> RolloutState:
     kw = {}
     for f in dataclasses.fields(RolloutState):
+        if f.name not in d:       # a field added since the state was saved: its default
+            continue
         v = d[f.name]
         if f.name in ("segments", "dropped"):
             v = tuple(Segment(tuple(t), tuple(m), tuple(lp)) for t, m, lp in v)
@@ -351,7 +372,7 @@ def after_action(cfg: ContextConfig, fmt: ChatFormat, state: RolloutState, actio
     role "user" when the observation is a new user request (kept after a summary restart).
     Below the manager's limit the context just grows; at it, _ON_LIMIT[cfg.manager] acts."""
     with_action = _append_action(fmt, state, action, tool_call and not done)
-    if cfg.manager == "state":
+    if cfg.state_request:
         from supo_jax.text.parsing import extract_state
 
         with_action = dataclasses.replace(
@@ -497,8 +518,9 @@ def _clear(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Roll
     for i, ((s, e), o) in enumerate(zip(state.turns, state.obs_starts)):
         pieces.append([state.tokens[s:o], state.tokens[o:e], i < state.cleared])
     size = len(state.prefix) + sum(len(x) + len(y) for x, y, _ in pieces)
-    k = state.cleared
+    k, exhausted = state.cleared, 0
     while size >= limit and k < len(pieces):
+        exhausted = int(k == len(pieces) - 1)   # only the newest result is left to clear
         act, old, _ = pieces[k]
         role = state.messages[n_head + 2 * k + 1]["role"]
         new = tuple(fmt.turn("assistant", role, CLEARED, act[len(fmt.gen_prompt):]))
@@ -506,6 +528,7 @@ def _clear(cfg: ContextConfig, fmt: ChatFormat, a: _Applied, limit: int) -> Roll
             size += len(new) - len(old)               # and a result shorter than CLEARED
             pieces[k] = [act, new, True]
         k += 1
+    state = dataclasses.replace(state, clear_exhausted=state.clear_exhausted + exhausted)
     if size >= limit:
         return finish(state, "context_limit", end=end)
     segs = state.segments + ((_segment(state, end),) if any(state.mask) else ())

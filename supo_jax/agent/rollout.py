@@ -404,8 +404,8 @@ def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
 
 def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
            tools: list[dict]) -> RolloutState:
-    if cfg.manager == "state":
-        prompt = f"{prompt}\n\n{cfg.state_instruction}"
+    if cfg.state_request:   # state, clear: every reply begins with a <state> block
+        prompt = f"{prompt}\n\n{cfg.state_request}"
     if cfg.manager == "fold":
         tools = list(tools) + [dict(t) for t in FOLD_TOOLS]
     msgs = ([{"role": "system", "content": system}] if system else []) + [
@@ -510,7 +510,8 @@ class _Driver:
                           summary_lengths=list(st.summary_lengths),
                           max_context=st.max_context, segments=len(st.segments),
                           effective_context=st.effective_context,
-                          cleared=st.results_cleared, states=st.states, folds=st.folds))
+                          cleared=st.results_cleared, states=st.states, folds=st.folds,
+                          clear_exhausted=st.clear_exhausted))
         del self.active[row.slot]
         self.free.append(row.slot)
         if self.progress:
@@ -894,6 +895,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "tool_calls_mean": sum(r.counters["tool_calls"] for r in rollouts) / n,
         "summaries_mean": sum(r.counters["summaries"] for r in rollouts) / n,
         "cleared_mean": sum(r.counters.get("cleared", 0) for r in rollouts) / n,
+        "clear_exhausted_mean": sum(r.counters.get("clear_exhausted", 0) for r in rollouts) / n,
         "states_mean": sum(r.counters.get("states", 0) for r in rollouts) / n,
         "folds_mean": sum(r.counters.get("folds", 0) for r in rollouts) / n,
         "p_summary": len(with_sum) / n,

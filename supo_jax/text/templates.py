@@ -17,6 +17,13 @@ STATE_INSTRUCTION = (
     "<state></state> holding everything you need to remember (what is known, what is done, "
     "what to do next), then call a tool.")
 
+# The clear manager: appended to the task prompt; old tool results leave the context, the
+# replies stay, so a reply's state is what keeps what a cleared result said.
+CLEAR_INSTRUCTION = (
+    "Old tool results are cleared from view as the conversation grows; your replies stay. "
+    "Begin every reply with <state></state> holding everything you need to remember (what is "
+    "known, what is done, what to do next), then call a tool.")
+
 # A user turn placed right after the initial prompt s1 (which already holds the task), so the
 # restarted context is s1 + this turn. "{prompt}" may also be used to repeat the task.
 CONTINUATION = "We are in the following stage of solving the problem:\n<summary>\n{summary}\n</summary>"
