@@ -44,6 +44,17 @@ def test_sampler_prefill_and_decode_compile_and_fit():
     for p in rep["programs"].values():
         _fits(p)
     assert rep["programs"]["prefill"]["bytes_per_chip"]["alias"] > 0   # the donated cache
+    # docs/SCALING.md's plan block renders the committed plan of the same command: its shapes
+    # and these programs' counts are today's (a change that moves them reruns the command)
+    import json
+    import os
+
+    committed = json.load(open(os.path.join(os.path.dirname(__file__), "..", "experiments",
+                                            "results", "tpu_plan_cpu_recipe", "plan.json")))
+    assert committed["shapes"] == rep["shapes"]
+    for name in ("prefill", "decode"):
+        for k in ("flops_per_chip", "bytes_per_chip"):
+            assert committed["programs"][name][k] == rep["programs"][name][k], (name, k)
 
 
 @functools.lru_cache(maxsize=None)
