@@ -259,8 +259,8 @@ def pool(monkeypatch):
 
 def test_queueing_for_a_worker_is_no_timeout(pool, monkeypatch):
     """32 rollouts at once on 4 workers that take 3 s to start, under a 3 s environment
-    deadline: the wait for a worker is bounded by queue_timeout_s and ends its rollout as an
-    env_error naming the queue (Queued), never as a timeout; the starts go on, and the next
+    deadline: the wait for a worker is bounded by queue_timeout_s and ends its rollout as
+    "queued", never as a timeout; the starts go on, and the next
     32 rollouts run on the workers they started."""
     from supo_jax.agent.context import ContextConfig
     from supo_jax.agent.render import ChatFormat
@@ -288,7 +288,8 @@ def test_queueing_for_a_worker_is_no_timeout(pool, monkeypatch):
                                     tasks, fmt, cfg, rows=32, env_timeout_s=3.0)
     first = [(r.reason, r.transcript[-1]["content"]) for r in rollouts()]
     queued = [r for r in first if r[0] != "answer"]
-    assert queued and all(r == "env_error" and "Queued(" in e for r, e in queued), first
+    assert queued and all(r == "queued" and "no BFCL simulator worker was free" in e
+                          for r, e in queued), first
     deadline = time.monotonic() + 60
     while len(pool.idle) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)

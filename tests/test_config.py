@@ -149,7 +149,7 @@ PAPER = {
     "advantage.estimator": "rollout_group", "advantage.normalize_std": True,
     "advantage.negative_weight": 1.0,
     "advantage.masked_reasons": ("max_summaries", "max_steps", "context_limit", "env_error",
-                                 "timeout", "summary_cut"),
+                                 "timeout", "summary_cut", "queued"),
     "advantage.masked_count_in_stats": True, "advantage.rollout_weight": "tokens",
     "advantage.permute_rewards": False,
     "loss.objective": "ppo", "loss.eps_low": 0.2, "loss.eps_high": 0.28,

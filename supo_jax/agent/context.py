@@ -97,8 +97,10 @@ CLEARED = "[tool result cleared]"   # what a cleared observation reads
 TRIGGER_RULES = ("paper", "reserve")
 SUMMARY_ROLES = ("system", "user")
 REASONS = ("answer", "max_summaries", "max_steps", "context_limit", "env_error", "timeout",
-           "summary_cut")
-ENV_FAILURES = ("env_error", "timeout")   # reasons where the environment failed the rollout
+           "summary_cut", "queued")
+# reasons where the environment failed the rollout; "queued": it waited for a free worker
+# (a pool of simulator processes, e.g. BFCL's) past that wait's own bound, and never ran
+ENV_FAILURES = ("env_error", "timeout", "queued")
 NO_ANSWER = REASONS[1:]   # the rollout ended without an answer (overlong masking masks these)
 
 

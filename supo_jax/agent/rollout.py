@@ -320,9 +320,13 @@ class EnvPool:
 
 
 def _failure(e: BaseException, where: str) -> list:
-    """A failed environment call as a rollout outcome: ["timeout" | "env_error", message]."""
+    """A failed environment call as a rollout outcome: ["timeout" | "queued" | "env_error",
+    message]. An exception naming a reason of ENV_FAILURES (its `rollout_reason`) ends the
+    rollout with that reason."""
     if isinstance(e, cf.TimeoutError):
         return ["timeout", f"{where}: the environment did not answer in time"]
+    if getattr(e, "rollout_reason", None) in ENV_FAILURES:
+        return [e.rollout_reason, f"{where}: {e}"[:500]]
     return ["env_error", f"{where}: {e!r}"[:500]]
 
 

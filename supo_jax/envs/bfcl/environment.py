@@ -10,8 +10,8 @@ world (never evaluated) in a worker process (worker.py) that is killed when the 
 calls together run past the task knob call_timeout_s (10 s), counted from when the worker
 has them: the episode then ends at reward 0 (info "stopped"). The wait for a free worker
 (a start included) has a bound of its own, the task knob queue_timeout_s (15 s): past it
-the action raises worker.Queued (its rollout ends as env_error "Queued(...)": the
-environment failed it, not the model). Their results, as BFCL writes them, one a line, are
+the action raises worker.Queued (its rollout ends as "queued": the environment failed
+it, not the model). Their results, as BFCL writes them, one a line, are
 the observation. An action without a tool call ends the user turn, as in BFCL: the next
 question arrives as a user turn (role "user": a summary restart keeps it; info tool_call
 False: it is no tool call); after the last, the episode ends with BFCL's verdict on the

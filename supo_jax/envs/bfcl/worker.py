@@ -95,7 +95,9 @@ MAX_WORKERS = max(4, os.cpu_count() or 1)    # more requests at once wait for a 
 
 
 class Queued(Exception):
-    """No worker was free within the request's queue bound: the request never ran."""
+    """No worker was free within the request's queue bound: the request never ran (its
+    rollout ends as "queued")."""
+    rollout_reason = "queued"
 
 
 class _Pool:
