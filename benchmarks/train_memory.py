@@ -68,7 +68,7 @@ def main(argv=None):
                    help="longest T at which the plain path is compiled too")
     args = p.parse_args(argv)
     run = common.Run("train_memory", args, argv)
-    lengths = [1024, 2048, 4096] if args.smoke else [int(x) for x in args.lengths.split(",")]
+    lengths = [1024, 2048] if args.smoke else [int(x) for x in args.lengths.split(",")]
     res = {m: [] for m in MODES}
     res["target_growth"] = TARGET_GROWTH
     for t in lengths:

@@ -127,9 +127,9 @@ def test_train_step_fields(results):
 def test_train_memory_fields(results):
     r = results[1]["train_memory"]["results"]
     for mode in ("auto", "full", "plain"):
-        assert [x["tokens"] for x in r[mode]] == [1024, 2048, 4096]
+        assert [x["tokens"] for x in r[mode]] == [1024, 2048]
         assert all(x["total_bytes"] > 0 and x["remat"] in ("none", "dots", "full") for x in r[mode])
-    assert len(r["growth"]["full"]) == 2 and r["plain"][-1]["total_bytes"] > r["full"][-1]["total_bytes"]
+    assert len(r["growth"]["full"]) == 1 and r["plain"][-1]["total_bytes"] > r["full"][-1]["total_bytes"]
 
 
 def test_lora_fields(results):
