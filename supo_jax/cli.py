@@ -289,7 +289,8 @@ def _cmd_rollout(args) -> None:
     s = summarize(ro)
     if args.policy != "scripted" and ceiling:
         s["expert_success_rate"] = ceiling["expert_success_rate"]
-    own = {"clear": ("cleared_mean",), "state": ("states_mean",), "fold": ("folds_mean",)}
+    own = {"clear": ("cleared_mean", "clear_exhausted_mean", "states_mean"),
+           "state": ("states_mean",), "fold": ("folds_mean",)}
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
               *own.get(cfg.context.manager, ()), "working_context_mean", "working_context_max",
               "effective_context_mean", "summary_state_share", "reasons",

@@ -41,8 +41,8 @@ def env_corpus(cfg: Config, n: int = 24) -> list[str]:
     from supo_jax.text.parsing import format_tool_call
 
     texts = [cfg.context.summary_instruction, cfg.context.continuation] * 4
-    if cfg.context.manager == "state":
-        texts += [cfg.context.state_instruction] * 4
+    if cfg.context.state_request:      # state, clear: the prompt asks for <state> blocks
+        texts += [cfg.context.state_request] * 4
     if cfg.context.manager == "fold":   # the driver's tools and a call of each
         from supo_jax.agent.context import FOLD_TOOLS
         texts += [json.dumps(list(FOLD_TOOLS))] + [
@@ -67,8 +67,8 @@ def env_corpus(cfg: Config, n: int = 24) -> list[str]:
                 except Exception:   # noqa: BLE001  (a sample call the environment rejects)
                     pass
             continue
-        prompt = rs.prompt + (f"\n\n{cfg.context.state_instruction}"   # as the driver asks
-                              if cfg.context.manager == "state" else "")
+        prompt = rs.prompt + (f"\n\n{cfg.context.state_request}"   # as the driver asks
+                              if cfg.context.state_request else "")
         msgs = [{"role": "user", "content": prompt}]
         try:   # an environment (or expert) that raises ends this task's texts, as its rollout
             for _ in range(12):

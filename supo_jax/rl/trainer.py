@@ -145,8 +145,9 @@ def report_env_errors(rollouts: Sequence[Rollout], log: Callable[[str], None] = 
 
 
 def _solved_none(cfg: Config, ro) -> ValueError:
-    hint = ("; under context.manager=state a reply holds its <state> block as well as its "
-            "call: raise context.max_state_tokens" if cfg.context.manager == "state" else "")
+    hint = (f"; under context.manager={cfg.context.manager} a reply holds its <state> block as "
+            "well as its call: raise context.max_state_tokens"
+            if cfg.context.state_request else "")
     return ValueError(f"the scripted expert solved none of {len(ro)} demonstration tasks under "
                       f"this context config (reasons: {summarize(ro)['reasons']}); raise "
                       f"context.max_steps / max_summaries / working_context{hint}")
@@ -198,7 +199,7 @@ def solved_none_line(cfg: Config, ro: Sequence[Rollout], actor) -> str:
 
 def _action_budget(c: ContextConfig) -> str:
     return "context.max_action_tokens" + (" + context.max_state_tokens"
-                                          if c.manager == "state" else "")
+                                          if c.state_request else "")
 
 
 def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
