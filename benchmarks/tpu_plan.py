@@ -122,8 +122,10 @@ def main(argv=None):
 
 def targets(rows: list[dict]) -> list[dict]:
     """Planner estimates against the goals of issue 52: a 7-8B model on v5litepod-16 at
-    W = 4K decodes within 1.5x of its HBM roofline and trains at an estimated MFU of at least
-    40%; the CodeGym-style 32B setup's rollouts and update both fit on some slice."""
+    W = 4K decodes within 1.5x of its HBM roofline and trains at an MFU of at least 40% with
+    no overlap of compute, HBM and ICI (the perfect-overlap figure is an upper bound: a target
+    it meets says nothing); the CodeGym-style 32B setup's rollouts and update both fit on
+    some slice."""
     out = []
     for r in rows:
         e = r.get("estimates", {})
@@ -134,10 +136,11 @@ def targets(rows: list[dict]) -> list[dict]:
                             "roofline (planner)", "target": "<= 1.5x",
                             "measured": f"{e['decode_over_roofline']:.2f}x",
                             "met": e["decode_over_roofline"] <= 1.5})
-            if "train_mfu" in e:
-                out.append({"what": f"{name} on v5litepod-16, W = 4K: train step estimated MFU "
-                            "(planner)", "target": ">= 40%", "measured": f"{100 * e['train_mfu']:.0f}%",
-                            "met": e["train_mfu"] >= 0.40})
+            if "train_mfu_no_overlap" in e:
+                mfu = e["train_mfu_no_overlap"]
+                out.append({"what": f"{name} on v5litepod-16, W = 4K: train step MFU with no "
+                            "overlap (planner)", "target": ">= 40%", "measured": f"{100 * mfu:.0f}%",
+                            "met": mfu >= 0.40})
     code = [r for r in rows if r["setup"] == "codegym"]
     if code:
         fit = [r["topology"] for r in code if r["fits"]]
@@ -152,6 +155,14 @@ def _floor(p: dict) -> str:
     not in the HLO): an MFU of 100% there is by construction, an upper bound."""
     return "*" if p.get("bound") == "compute" and p.get("model_flops_per_chip", 0) > p.get(
         "flops_per_chip", 0) else ""
+
+
+def _mfu(e: dict) -> str:
+    """The train step's MFU as "no overlap to bound" (results before the two figures: the
+    bound alone, as "at most")."""
+    if "train_mfu_bound" in e:
+        return f"{100 * e['train_mfu_no_overlap']:.0f}-{100 * e['train_mfu_bound']:.0f}%"
+    return f"at most {100 * e['train_mfu']:.0f}%" if "train_mfu" in e else ""
 
 
 def markdown(res: dict) -> str:
@@ -196,6 +207,7 @@ def markdown(res: dict) -> str:
             x = p.get(name)
             if not x:
                 return "-"
+            rate = rate + "_bound" if rate + "_bound" in e else rate   # (older results)
             return (f"{x['bound']}, {e[rate]:,.0f}, {e[ici] / 2**20:,.1f}" if rate in e
                     else x["bound"])
         ts = p.get("train_step", {})
@@ -204,8 +216,7 @@ def markdown(res: dict) -> str:
                  f"{sv['mesh']['data']} x {sv['tensor']}" if sv else "-",
                  phase("rollout"), phase("update"), "yes" if r["fits"] else "**no**",
                  err("train_step") or (f"{ts['bound']}{_floor(ts)}, "
-                                       f"{100 * e['train_mfu']:.0f}%{_floor(ts)}"
-                                       if "train_mfu" in e else "-"),
+                                       f"{_mfu(e)}{_floor(ts)}" if _mfu(e) else "-"),
                  decode("decode_training_layout",
                         "training_layout_rollout_tokens_per_second_per_chip",
                         "training_layout_collective_bytes_per_step"),

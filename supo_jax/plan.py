@@ -392,6 +392,7 @@ def _to_serving(train_mesh, params, mesh, compute_dtype, chip, peak, dump) -> di
             "hbm_bytes_per_chip": sum(f["hbm_bytes_per_chip"] for _, f in parts),
             "collective_bytes_per_chip": sum(f["collective_bytes_per_chip"] for _, f in parts),
             "seconds": sec, "estimated_seconds": sum(f["estimated_seconds"] for _, f in parts),
+            "no_overlap_seconds": sum(f["no_overlap_seconds"] for _, f in parts),
             "bound": max(sec, key=sec.get), "model_flops_per_chip": 0.0, "loops": [],
             "largest_collectives": [], "kernels": [],
             "xla_cost_analysis": {k: sum(f["xla_cost_analysis"][k] for _, f in parts)
@@ -431,7 +432,8 @@ KERNELS = ("tpu_custom_call",)
 def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0) -> dict:
     """Per chip, from the compiled HLO walked with every loop's trip count (supo_jax.hlo_cost):
     FLOPs, HBM bytes, bytes over the interconnect; each's time at the chip's published rate
-    and the estimate, their maximum, naming its bound. A chip sends at half its
+    and the estimate, their maximum (a bound: it assumes every transfer overlaps the
+    compute), naming its bound, and their sum (no overlap at all). A chip sends at half its
     bidirectional ICI bandwidth (the other half carries what it receives). The FLOPs of
     Mosaic kernels (splash attention) are not in the HLO: the compute time is at least the
     program's model FLOPs (`model_flops` a chip) at the peak."""
@@ -449,6 +451,7 @@ def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0) -> dic
     return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm,
             "collective_bytes_per_chip": c.collective_bytes, "seconds": seconds,
             "estimated_seconds": seconds[bound], "bound": bound,
+            "no_overlap_seconds": sum(seconds.values()),
             "model_flops_per_chip": model_flops, "loops": c.loops, "largest_collectives": top,
             "kernels": sorted({k["target"] for k in c.custom_calls if k["target"] in KERNELS}),
             "xla_cost_analysis": {"flops": float(xla.get("flops", 0.0) or 0.0),
@@ -502,7 +505,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     accelerator type, e.g. v5litepod-16) and report, for each, XLA's bytes per chip, the
     HLO-counted FLOPs, HBM and interconnect bytes a chip, the estimated time and its bound;
     for the run, the memory resident in each phase (rollouts; the update) against the
-    chip's HBM, the train step's estimated MFU and the rollouts' tokens a second a chip.
+    chip's HBM, the train step's MFU and the rollouts' tokens a second a chip (bounds).
     ValueError (one line) for an unknown topology, a mesh the chips do not divide, no
     model or a missing config.json, a bad rollout.tensor. `programs`: compile only these;
     default all. host_copy: also compile `decode_host_copy` (the decode over one host's
@@ -653,24 +656,31 @@ def _phases(rep: dict) -> dict:
 
 
 def _estimates(rep: dict, mc) -> dict:
-    """The train step's estimated MFU (model FLOPs, 6 N tokens + attention, a chip over its
-    estimated time at the peak), the rollouts' decode tokens a second a chip, and the
-    decode chunk's estimate against its HBM roofline (every chip reading its serving
-    weights, less the input embedding's table, and its share of the cache once a step)."""
+    """The train step's MFU (model FLOPs, 6 N tokens + attention, a chip over its time at the
+    peak) and tokens a second a chip, the rollouts' decode tokens a second a chip, each twice:
+    `_bound` from the program's time under perfect overlap of compute, HBM and ICI (the
+    largest of the three: an upper bound on speed), `_no_overlap` from their sum; and the
+    decode chunk's bound against its HBM roofline (every chip reading its serving weights,
+    less the input embedding's table, and its share of the cache once a step)."""
     p, s, chips = rep["programs"], rep["shapes"], rep["chips"]
     out = {}
+
+    def both(prog, name, work):      # work / time, at the bound's time and at no overlap
+        return {f"{name}_bound": work / prog["estimated_seconds"],
+                f"{name}_no_overlap": work / prog["no_overlap_seconds"]}
+
     ts = p.get("train_step", {})
     if "estimated_seconds" in ts:
         model = train_model_flops(mc, s["minibatch_rows"], s["row_len"],
                                   rep["training"]["adapters"]) / chips
         out.update(train_model_flops_per_chip=model,
-                   train_mfu=model / ts["estimated_seconds"] / rep["peak_flops_per_chip"],
-                   train_tokens_per_second_per_chip=s["minibatch_rows"] * s["row_len"]
-                   / ts["estimated_seconds"] / chips)
+                   **both(ts, "train_mfu", model / rep["peak_flops_per_chip"]),
+                   **both(ts, "train_tokens_per_second_per_chip",
+                          s["minibatch_rows"] * s["row_len"] / chips))
     t = p.get("decode_training_layout", {})
     if "estimated_seconds" in t:
-        out.update(training_layout_rollout_tokens_per_second_per_chip=s["sampler_rows"]
-                   * s["decode_steps"] / t["estimated_seconds"] / chips,
+        out.update(**both(t, "training_layout_rollout_tokens_per_second_per_chip",
+                          s["sampler_rows"] * s["decode_steps"] / chips),
                    training_layout_collective_bytes_per_step=t["collective_bytes_per_chip"]
                    / s["decode_steps"])
     d = p.get("decode", {})
@@ -678,8 +688,8 @@ def _estimates(rep: dict, mc) -> dict:
         steps = s["decode_steps"]
         roof = steps * (rep["serving"]["decode_read_bytes_per_chip"] + s["cache_bytes"] / chips) \
             / rep["hbm_bandwidth_per_chip"]
-        out.update(rollout_tokens_per_second_per_chip=s["sampler_rows"] * steps
-                   / d["estimated_seconds"] / chips,
+        out.update(**both(d, "rollout_tokens_per_second_per_chip",
+                          s["sampler_rows"] * steps / chips),
                    decode_hbm_roofline_seconds=roof,
                    decode_over_roofline=d["estimated_seconds"] / roof,
                    decode_collective_bytes_per_step=d["collective_bytes_per_chip"] / steps)
@@ -774,14 +784,20 @@ def format_plan(rep: dict) -> str:
                      f"({100 * ph['bytes'] / rep['hbm_bytes_per_chip']:.0f}% of HBM; largest "
                      f"program {ph['largest']}): {'fits' if ph['fits'] else 'DOES NOT FIT'}")
     e = rep.get("estimates", {})
-    if "train_mfu" in e:
-        lines.append(f"train step: estimated MFU {100 * e['train_mfu']:.0f}% "
-                     f"({e['train_tokens_per_second_per_chip']:.0f} tokens/s a chip)")
-    if "rollout_tokens_per_second_per_chip" in e:
-        lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip']:.0f} decode tokens/s "
-                     f"a chip; decode at {e['decode_over_roofline']:.2f}x its HBM roofline"
+    if "train_mfu_bound" in e:
+        lines.append(f"train step: MFU at most {100 * e['train_mfu_bound']:.0f}% (compute, HBM "
+                     f"and ICI overlapping perfectly), {100 * e['train_mfu_no_overlap']:.0f}% "
+                     "with no overlap ("
+                     f"{e['train_tokens_per_second_per_chip_no_overlap']:.0f} to "
+                     f"{e['train_tokens_per_second_per_chip_bound']:.0f} tokens/s a chip)")
+    if "rollout_tokens_per_second_per_chip_bound" in e:
+        lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip_no_overlap']:.0f} to "
+                     f"{e['rollout_tokens_per_second_per_chip_bound']:.0f} decode tokens/s "
+                     f"a chip (no overlap to perfect overlap); decode at "
+                     f"{e['decode_over_roofline']:.2f}x its HBM roofline"
                      + (" (below 1: the program keeps weights or cache in on-chip memory)"
                         if e["decode_over_roofline"] < 0.9 else "")
                      + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
-    lines.append("(estimates from the compiled programs, not measurements)")
+    lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
+                 "perfect overlap nor none)")
     return "\n".join(lines)

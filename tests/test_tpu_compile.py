@@ -90,15 +90,18 @@ def test_train_step_with_splash_on_several_chips():
 @pytest.mark.slow
 def test_remat_offload_keeps_layer_inputs_in_host_memory():
     """model.remat=offload compiles for TPU with each layer's input in pinned host memory:
-    host memory a chip > 0 and fewer temporaries than remat full at the same shapes."""
+    host memory a chip > 0 (remat full: none), at least the layers' inputs of a chip's rows.
+    Not fewer device temporaries at these shapes: the inputs (2 layers x 4 rows x 446 x 64
+    floats, 0.9 MiB a chip) are smaller than the buffers that stream them back (5.4 MiB full,
+    8.7 MiB offload, with the LM head chunked per row); offload pays where inputs are GiBs."""
     got = {}
     for remat in ("full", "offload"):
         rep = _train_step_plan("model.attention=xla", f"model.remat={remat}")
         p = rep["programs"]["train_step"]
         _fits(p)
         got[remat] = p["bytes_per_chip"]
-    assert got["full"]["host_temp"] == 0 < got["offload"]["host_temp"]
-    assert got["offload"]["temp"] < got["full"]["temp"]
+    inputs = 2 * (16 // 4) * 446 * 64 * 4          # layers x rows a chip x T x E, float32
+    assert got["full"]["host_temp"] == 0 and got["offload"]["host_temp"] >= inputs
 
 
 @pytest.mark.slow

@@ -535,27 +535,72 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     """log softmax(x @ head / T)[targets] and the entropy of that distribution, `chunk`
     tokens at a time. x [B, T, E], head [E, V], targets [B, T] -> two float32 [B, T].
 
-    Each chunk's logits [chunk, V] are formed, reduced (log-sum-exp, the target's logit,
-    sum p * logit) and dropped; the backward recomputes them (jax.checkpoint), so memory
-    holds one chunk's logits, never [B, T, V]. Entropy = lse - sum_v p_v z_v comes from
-    the same logits; without `entropy_grad` it is stop-gradient (reported only)."""
+    Each chunk's logits are formed, reduced (log-sum-exp, the target's logit, sum p * logit)
+    and dropped; the backward recomputes them (jax.checkpoint), so memory holds one chunk's
+    logits, never [B, T, V]. Entropy = lse - sum_v p_v z_v comes from the same logits;
+    without `entropy_grad` it is stop-gradient (reported only).
+
+    Under a context mesh that splits the rows over data x fsdp, each chunk keeps them split
+    (every device takes `chunk` tokens of its own rows) and the head is gathered whole over
+    those axes (FSDP's weight gather; its gradient is reduce-scattered), its vocabulary
+    split over `tensor` only: the vocabulary reductions are all-reduces of per-token scalars
+    over `tensor`. A chunk of flattened tokens would instead be one row's, on every device,
+    against a head split over its embedding dimension: XLA then all-reduces the whole
+    [tokens, V] logits of every chunk across the mesh."""
     b, t, e = x.shape
-    n = b * t
-    c = max(1, min(chunk, n))
-    pad = -n % c
-    xs = jnp.pad(x.reshape(n, e), ((0, pad), (0, 0))).reshape(-1, c, e)
-    ys = jnp.pad(targets.reshape(n).astype(jnp.int32), (0, pad)).reshape(-1, c)
     inv_t = 1.0 / (temperature if temperature > 0 else 1.0)
+    axes, n = _batch_axes(b)
+    mesh = jax.sharding.get_abstract_mesh()
+    tensor = ("tensor" if n > 1 and "tensor" in mesh.axis_names and mesh.shape["tensor"] > 1
+              else None)
 
     @jax.checkpoint
     def one(xc, yc):
         z = jnp.dot(xc, head, preferred_element_type=jnp.float32, precision=precision) * inv_t
         lse = jax.nn.logsumexp(z, axis=-1)
-        logp = jnp.take_along_axis(z, yc[:, None], axis=-1)[:, 0] - lse
+        if tensor:   # the target's logit as a masked sum (exact: one term), which a vocabulary
+            # split over devices reduces locally, where a gather would collect z
+            vocab = jnp.arange(head.shape[1], dtype=jnp.int32)
+            picked = jnp.sum(jnp.where(vocab == yc[..., None], z, 0.0), axis=-1)
+        else:
+            picked = jnp.take_along_axis(z, yc[..., None], axis=-1)[..., 0]
+        logp = picked - lse
         zs = z if entropy_grad else jax.lax.stop_gradient(z)
         ls = lse if entropy_grad else jax.lax.stop_gradient(lse)
-        ent = ls - jnp.sum(jnp.exp(zs - ls[:, None]) * zs, axis=-1)
+        ent = ls - jnp.sum(jnp.exp(zs - ls[..., None]) * zs, axis=-1)
         return logp, ent
 
+    if n > 1:                            # rows split over the mesh: chunk within each row
+        from jax.sharding import PartitionSpec as P
+
+        c = max(1, min(t, chunk * n // b))          # `chunk` tokens a device a chunk
+        pad = -t % c
+        xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, e).transpose(1, 0, 2, 3)
+        ys = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, -1, c)
+        ys = ys.transpose(1, 0, 2)
+        xs = jax.lax.with_sharding_constraint(xs, P(None, axes))
+        ys = jax.lax.with_sharding_constraint(ys, P(None, axes))
+        head = jax.lax.with_sharding_constraint(head, P(None, tensor))
+        logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
+        back = lambda z: z.transpose(1, 0, 2).reshape(b, -1)[:, :t]   # noqa: E731
+        return back(logp), back(ent)
+    n = b * t
+    c = max(1, min(chunk, n))
+    pad = -n % c
+    xs = jnp.pad(x.reshape(n, e), ((0, pad), (0, 0))).reshape(-1, c, e)
+    ys = jnp.pad(targets.reshape(n).astype(jnp.int32), (0, pad)).reshape(-1, c)
     logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
     return logp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
+
+
+def _batch_axes(rows: int) -> tuple[tuple[str, ...], int]:
+    """The context mesh's axes that split `rows` (data, fsdp: those of size > 1, not manual
+    inside a shard_map) and their product; ((), 1) where they do not divide the rows."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return (), 1
+    manual = set(getattr(mesh, "manual_axes", ()))
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1
+                 and a not in manual)
+    n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    return (axes, n) if n > 1 and rows % n == 0 else ((), 1)
