@@ -40,11 +40,14 @@ BENCHMARKS = (
     ("lora", "LoRA adapters vs full training: train-step memory and time, decode", []),
 )
 # Run only when named in --only (an accelerator's benchmark: on a CPU it measures nothing of
-# interest); their sections are assembled whenever results/NAME.json exists.
+# interest; capacity: scripted experts, minutes, no timing); their sections are assembled
+# whenever results/NAME.json exists.
 OPTIONAL = (
     ("gpu", "GPU: train step, decode vs transformers, bf16 logprob mismatch (Qwen2.5-0.5B shapes)",
      []),
     ("tpu_plan", "TPU slices for the paper's setups (verified by compilation, no TPU)", []),
+    ("capacity", "Capacity: the largest task each context manager lets the scripted expert "
+                 "solve", []),
 )
 TITLES = {n: t for n, t, _ in BENCHMARKS + OPTIONAL}
 OUT = os.path.join(common.REPO, "BENCHMARKS.md")

@@ -236,6 +236,27 @@ def test_sampler_start_tunix_never_raises(monkeypatch):
     assert worker is None and info["skipped"] == "pip install failed"
 
 
+def test_capacity_smoke_tells_the_managers_apart(tmp_path):
+    """benchmarks/capacity.py --smoke (W = 446, tallest and reports, sizes 2 and 4, 2 tasks):
+    every manager x family cell, its plot and its BENCHMARKS.md table; the reports family
+    (long results) is within supo's reach at size 4 and not within full's."""
+    sys.path.insert(0, BENCH)
+    import capacity
+
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "capacity.py"), "--smoke",
+                        "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "capacity.json").read_text())
+    cells = res["results"]["cells"]
+    assert len(cells) == 2 * len(res["results"]["managers"])
+    assert cells["reports|supo|446"]["size"] == 4 and cells["tallest|supo|446"]["size"] == 4
+    assert (cells["reports|full|446"]["size"] or 0) < 4
+    assert (tmp_path / "capacity.png").stat().st_size > 1000
+    md = capacity.markdown(res)
+    assert "| reports | " in md and "W = 446:" in md
+
+
 def test_gpu_smoke_fields(tmp_path):
     """benchmarks/gpu.py --smoke (a tiny model; on a CPU transformers is skipped and no
     fraction of peak is given) writes the fields its BENCHMARKS.md section reads, and
