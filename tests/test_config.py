@@ -176,6 +176,7 @@ def _experiment(name):
     return load_config(os.path.join(ROOT, "experiments", "configs", name))
 
 
+@pytest.mark.slow
 def test_defaults_and_paper_configs_are_the_papers_algorithm():
     from supo_jax import config as C
     from supo_jax.text.templates import SUMMARY_INSTRUCTION

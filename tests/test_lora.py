@@ -258,6 +258,7 @@ def test_int8_base_qlora_trains_a_step(base):
     assert all(np.array_equal(a[k], b[k]) for k in b if "_lora_" not in k)
 
 
+@pytest.mark.slow
 def test_kl_reference_is_the_warm_started_policy(base, tmp_path):
     """train.init_from a PEFT adapter (as after an SFT warm start through the adapters): the
     KL reference holds those adapters, not zeros. Its logits equal the policy's and the KL

@@ -186,6 +186,7 @@ def _bigram_loss(W, batch):
     return policy_loss(logp, jax.lax.stop_gradient(logp), batch.advantages[:, 0], batch.mask)[0]
 
 
+@pytest.mark.slow
 def test_segmented_gradient_equals_rollout_likelihood_gradient():
     """docs/SUPO.md §3: sum over segments of grad log pi = grad log-likelihood of the rollout."""
     W = jnp.asarray(np.random.RandomState(0).randn(11, 11), jnp.float32)

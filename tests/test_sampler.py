@@ -342,6 +342,7 @@ def test_kv_cache_write_and_read_agree_across_layouts():
     assert not np.any(np.asarray(stacked.k[0])) and not np.any(np.asarray(stacked.k[2:]))
 
 
+@pytest.mark.slow
 def test_top_k_top_p_restrict_support(policy):
     rs = np.random.RandomState(3)
     p = _ids(rs, 6)

@@ -44,6 +44,7 @@ def _run(tmp_path, budget, *args, limit=1, env=None):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]])   # xdist: the controller's verdict
 def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path, workers):
     r = _run(tmp_path, 0, "t", *workers)
@@ -56,6 +57,7 @@ def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path, wor
     assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 def test_a_whole_run_over_its_budget_fails_and_a_selection_does_not(tmp_path):
     r = _run(tmp_path, 2, "t", "-k", "not sleeps", limit=100)   # a selection: no budget
     assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout

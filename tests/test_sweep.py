@@ -111,6 +111,7 @@ def test_mean_se_is_the_standard_error_over_seeds():
     assert sweep.mean_se([0.7]) == (pytest.approx(0.7), 0.0)
 
 
+@pytest.mark.slow
 def test_a_rerun_with_other_settings_is_refused_or_run_again_never_reused(tmp_path):
     """A finished run is reused only under the settings that made it: other eval / steps
     settings run it again (it resumes), other training settings are an error at start."""
