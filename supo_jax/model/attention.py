@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from supo_jax.model import platform
+from supo_jax.model.sharding import context_batch_axes
 
 IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 _NEG = -1e30          # finite: masked scores, and the running max before any key is seen
@@ -317,11 +318,7 @@ def _over_batch_shards(fn, *args, kernel: bool = True):
     compiled `kernel` (XLA would refuse it; interpreted, it runs unpartitioned)."""
     from jax.sharding import PartitionSpec as P
 
-    mesh = jax.sharding.get_abstract_mesh()
-    manual = set(getattr(mesh, "manual_axes", ()))     # inside a shard_map already
-    axes = () if mesh.empty else tuple(a for a in ("data", "fsdp") if a in mesh.axis_names
-                                       and mesh.shape[a] > 1 and a not in manual)
-    n = math.prod(mesh.shape[a] for a in axes) if axes else 1
+    axes, n = context_batch_axes()
     if n > 1 and args[0].shape[0] % n and kernel:
         raise ValueError(
             f"splash attention runs per shard of the batch, and {args[0].shape[0]} rows a "

@@ -36,6 +36,7 @@ from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
 from supo_jax.model.config import ModelConfig
 from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight, merge_adapters
+from supo_jax.model.sharding import context_batch_axes
 
 REMAT = ("auto", "none", "full", "dots", "offload")
 # remat "offload": each layer's input (named in the scan) kept in host memory, all else
@@ -549,7 +550,9 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     [tokens, V] logits of every chunk across the mesh."""
     b, t, e = x.shape
     inv_t = 1.0 / (temperature if temperature > 0 else 1.0)
-    axes, n = _batch_axes(b)
+    axes, n = context_batch_axes()
+    if b % n:                            # rows the mesh does not split: flattened chunks
+        axes, n = (), 1
     mesh = jax.sharding.get_abstract_mesh()
     tensor = ("tensor" if n > 1 and "tensor" in mesh.axis_names and mesh.shape["tensor"] > 1
               else None)
@@ -592,15 +595,3 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
     return logp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
 
-
-def _batch_axes(rows: int) -> tuple[tuple[str, ...], int]:
-    """The context mesh's axes that split `rows` (data, fsdp: those of size > 1, not manual
-    inside a shard_map) and their product; ((), 1) where they do not divide the rows."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return (), 1
-    manual = set(getattr(mesh, "manual_axes", ()))
-    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1
-                 and a not in manual)
-    n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-    return (axes, n) if n > 1 and rows % n == 0 else ((), 1)

@@ -132,6 +132,18 @@ def replicated(mesh: Mesh | None):
     return None if mesh is None else NamedSharding(mesh, P())
 
 
+def context_batch_axes() -> tuple[tuple[str, ...], int]:
+    """The context mesh's axes that split a batch (data, fsdp: those of size > 1, not manual
+    inside a shard_map) and their product; ((), 1) without such a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return (), 1
+    manual = set(getattr(mesh, "manual_axes", ()))
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1
+                 and a not in manual)
+    return axes, math.prod(mesh.shape[a] for a in axes)
+
+
 def mesh_scope(mesh: Mesh | None):
     """`with mesh_scope(mesh):` traces run with `mesh` as the context mesh (jax.set_mesh), so
     the kernels that must be partitioned by hand (splash attention under shard_map) see it; a
