@@ -7,9 +7,9 @@ canonical algorithm from the working context alone (supo_jax.envs.experts.for_co
 it what each manager needs: state blocks under state and clear, branches under fold), so a
 cell is the ideal agent's reach under that manager at that W: the upper bound an RL run on
 that task can approach, not a measurement of learning. Everything else is the CPU recipe's
-(S = 3, actions 48 tokens, summaries 48, state blocks 48, 30 steps) except max_steps (200:
-sizes past 30 calls are the point) and, for W >= 1024, observations up to 256 tokens
-(reports' long pages). A size that fails ends its ladder (reach is read as monotone; the
+(S = 3, actions 48 tokens, summaries 48, state blocks sized from W, 30 steps) except
+max_steps (200: sizes past 30 calls are the point) and, for W >= 1024, observations up to 256
+tokens (reports' long pages). A size that fails ends its ladder (reach is read as monotone; the
 next size is not tried).
 
     python benchmarks/capacity.py          # writes benchmarks/results/capacity.json + .png
@@ -111,8 +111,8 @@ def markdown(res: dict) -> str:
     out = [f"The largest task size at which the scripted expert solves >= {r['pass']:.0%} of "
            f"{r['tasks']} tasks, per manager (columns) and fncall family (rows), at each W; "
            "`-`: not even the smallest size. The CPU recipe's settings otherwise (S = 3, "
-           "48-token actions, summaries and state blocks; max_steps 200; observations 256 "
-           "tokens from W = 1024). An upper bound for RL on that task, not a learning "
+           "48-token actions and summaries, state blocks sized from W; max_steps 200; "
+           "observations 256 tokens from W = 1024). An upper bound for RL on that task, not a learning "
            f"result. Sizes tried: {', '.join(map(str, r['ladder']))}. Plot: "
            "benchmarks/results/capacity.png.", ""]
     for w in r["working_contexts"]:

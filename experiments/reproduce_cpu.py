@@ -43,7 +43,7 @@ QUICK = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2",
 
 
 
-def methods(W: int, S: int, summary_tokens: int = 48) -> list[tuple[str, str, dict]]:
+def methods(W: int, S: int) -> list[tuple[str, str, dict]]:
     """(directory, label, overrides) of each trained method."""
     scaling = "(" + ", ".join(str(s) for s in (0, S, 2 * S, 4 * S)) + ",)"
     return [
@@ -55,12 +55,12 @@ def methods(W: int, S: int, summary_tokens: int = 48) -> list[tuple[str, str, di
         ("supo_eq4", "SUPO, trajectory-group advantage (Eq. 4)",
          {"advantage.estimator": "trajectory_group"}),
         # the other context managers at the same W, update and warm start (docs/SUPO.md §2)
-        # a reply holds the state as well as the call: the state block gets the summary's budget
-        ("state", f"Per-turn state, MEM1-style (W={W})",
-         {"context.manager": "state", "context.max_state_tokens": str(summary_tokens)}),
+        # a reply holds the state as well as the call: the state block gets what W leaves
+        # beside the prompt, the call and an observation (context.max_state_tokens = 0)
+        ("state", f"Per-turn state, MEM1-style (W={W})", {"context.manager": "state"}),
         ("fold", f"Context folding (W={W})", {"context.manager": "fold"}),
         ("clear", f"Tool-result clearing (W={W})",   # its replies carry a state block too
-         {"context.manager": "clear", "context.max_state_tokens": str(summary_tokens)}),
+         {"context.manager": "clear"}),
     ]
 
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     base = C.load_config(args.config, sets)
     W, S = base.context.working_context, base.context.max_summaries
-    ms = methods(W, S, base.context.max_summary_tokens)
+    ms = methods(W, S)
     if args.methods:
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
         unknown = sorted(set(wanted) - {m[0] for m in ms})

@@ -176,18 +176,22 @@ def test_ground_truth_replays_under_the_state_and_fold_managers(manager):
     from supo_jax.envs import make_env
     from supo_jax.envs.bfcl.data import entries
     from supo_jax.envs.bfcl.environment import split_ids
-    from supo_jax.envs.experts import expert_for, for_context
+    from supo_jax.envs.experts import FoldingExpert, expert_for, for_context
 
     fmt = _fmt()
     cfg = ContextConfig(manager=manager, working_context=1_000_000, max_steps=400,
-                        max_action_tokens=8192, max_observation_tokens=1_000_000)
+                        max_action_tokens=8192, max_observation_tokens=1_000_000,
+                        max_state_tokens=8192)
     for category in CATEGORIES:
         name = f"bfcl/{category}"
         ids = split_ids(category, "train")[:40]
         first = lambda i: entries(category)[i]["question"][0][0]["content"]
         assert any(first(i) == first(j) for i in ids for j in entries(category) if j != i)
         tasks = [{"task_id": i, "family": name, "category": category} for i in ids]
-        ro = run_rollouts(ScriptedActor(for_context(expert_for(name), cfg), fmt),
+        # fold: branches of four calls (unsized: at this W one branch would hold a task)
+        expert = (FoldingExpert(expert_for(name), continuation=cfg.continuation)
+                  if manager == "fold" else for_context(expert_for(name), cfg))
+        ro = run_rollouts(ScriptedActor(expert, fmt),
                           lambda: make_env(name), tasks, fmt, cfg, rows=16)
         failed = [(r.task_id, r.reason) for r in ro if r.reward != 1.0 or r.reason != "answer"]
         assert not failed, (category, failed[:5])

@@ -26,9 +26,11 @@ def _expert(family: str, manager: str, n: int = 4, sets: tuple = ()) -> dict:
     tasks = make_tasks(cfg.env.name, "train", n, seed=cfg.env.seed, **cfg.env.knobs)
     ro = run_rollouts(ScriptedActor(for_context(expert_for(cfg.env.name), cfg.context), fmt),
                       lambda: make_env(cfg.env.name), tasks, fmt, cfg.context, rows=n)
-    cut = sum("unterminated <tool_call>" in m.get("content", "") for r in ro
-              for m in r.transcript if m.get("role") == "tool")
-    return dict(summarize(ro), cut_calls=cut)
+    from supo_jax.text.templates import FORCED_RETURN
+
+    tool = [m.get("content", "") for r in ro for m in r.transcript if m.get("role") == "tool"]
+    return dict(summarize(ro), cut_calls=sum("unterminated <tool_call>" in t for t in tool),
+                forced_returns=sum(t == FORCED_RETURN for t in tool))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -58,8 +60,8 @@ def test_clear_and_fold_each_have_a_family_they_solve_where_full_does_not(family
     assert got["full"]["success_rate"] <= 0.1 and got["full"]["reasons"] == {
         "context_limit": 4}, got["full"]
     assert got["state"]["success_rate"] >= got["supo"]["success_rate"], got
-    if reaches == "fold":   # one branch a section, none past them
-        assert got["fold"]["folds_mean"] == size, got["fold"]
+    if reaches == "fold":   # one branch a section, none past them, none closed by the limit
+        assert got["fold"]["folds_mean"] == size and got["fold"]["forced_returns"] == 0, got
     else:                   # every reply kept its state; old results cleared, never the newest
         assert got["clear"]["states_mean"] == got["clear"]["steps_mean"], got["clear"]
         assert got["clear"]["cleared_mean"] > 0 and got["clear"]["clear_exhausted_mean"] == 0
@@ -80,14 +82,55 @@ def test_clear_asks_for_state_blocks_and_counts_running_out_of_results_to_clear(
 
 
 def test_state_block_budget_is_its_own_setting_counted_in_w():
+    """Set, the state block's budget sits beside the call's; sized from W (0, the default),
+    a reply gets what L leaves beside the task's prompt and one observation turn, and a W that
+    leaves a block no room stops the run at start-up naming context.working_context."""
     from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import start_state
+    from supo_jax.config import load_config
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.rl.runs import env_tokenizer
 
     c = ContextConfig("state", 400, max_action_tokens=48, max_state_tokens=40)
     assert c.budget(100, summary=False) == 88 and c.budget(350, summary=False) == 50
     assert ContextConfig("supo", 400, max_action_tokens=48, max_state_tokens=40).budget(
         100, summary=False) == 48
-    with pytest.raises(ValueError, match="context.max_state_tokens must be positive"):
-        ContextConfig("state", 400, max_state_tokens=0)
+    with pytest.raises(ValueError, match="context.max_state_tokens must be >= 0"):
+        ContextConfig("state", 400, max_state_tokens=-1)
+    cfg = load_config(None, ["env.name=fncall/graph", "context.manager=state"])
+    fmt = ChatFormat(env_tokenizer(cfg))
+    reset = make_env(cfg.env.name).reset(make_tasks(cfg.env.name, "train", 1, seed=0)[0])
+    for w in (446, 1024):
+        ctx = load_config(None, ["env.name=fncall/graph", "context.manager=state",
+                                 f"context.working_context={w}"]).context
+        st = start_state(fmt, ctx, reset)
+        obs_turn = ctx.max_observation_tokens + len(fmt.turn("assistant", "tool", ""))
+        assert st.reply_budget == ctx.limit(fmt) - 1 - len(st.prefix) - len(fmt.gen_prompt) - obs_turn
+        assert ctx.budget(len(st.prefix) + 5, False, st.reply_budget) == st.reply_budget
+    assert st.reply_budget > 500     # at W = 1024
+    small = load_config(None, ["env.name=fncall/graph", "context.manager=state",
+                               "context.working_context=360"]).context
+    with pytest.raises(ValueError, match=r"leaves \d+ tokens for a reply's <state> block .* "
+                                         r"raise context.working_context"):
+        start_state(fmt, small, reset)
+
+
+# the largest sizes `supo`'s expert solves at W = 1024 (benchmarks/results/capacity.json)
+SUPO_REACH_1024 = {"tallest": 32, "count": 48, "pages": 32, "graph": 12, "chain": 32,
+                   "listing": 24, "reports": 12, "sections": 6}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_sized_from_w_solves_what_supo_solves_at_a_wider_w(family):
+    """At W = 1024 (observations up to 256 tokens, 200 steps) the state block grows with W:
+    graph's breadth-first search state (its visited set) no longer outgrows a fixed 48
+    tokens (8 nodes was the limit), and `state` solves each family at supo's reach."""
+    sets = (f"env.knobs.size={SUPO_REACH_1024[family]}", "context.working_context=1024",
+            "context.max_observation_tokens=256", "context.max_steps=200")
+    supo, state = _expert(family, "supo", 2, sets), _expert(family, "state", 2, sets)
+    assert supo["success_rate"] == 1.0, supo
+    assert state["success_rate"] == 1.0 and state["cut_calls"] == 0, state
 
 
 def test_the_experts_ceiling_names_what_ran_out_and_cut_actions_are_a_config_error():

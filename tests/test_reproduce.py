@@ -41,7 +41,7 @@ def test_reproduce_cpu_quick(tmp_path):
         "state", "fold", "clear"]
     # state and fold: the same SFT under their own manager, where the expert can demonstrate it
     assert res["warm_starts"]["state"] == "own"
-    assert cfgs["state"]["context"]["max_state_tokens"] == base.context.max_summary_tokens
+    assert cfgs["state"]["context"]["max_state_tokens"] == 0     # sized from W
     for name, c in cfgs.items():
         own = res["warm_starts"].get(name) == "own"
         assert c["train"]["init_from"] == os.path.join(out, *((f"sft_{name}", "sft") if own

@@ -218,7 +218,7 @@ def test_expert_solves_under_the_state_and_fold_managers(manager, W):
     for r in runs[manager]:
         assert r.reason == "answer" and r.reward == 1.0
         assert (r.counters["states"] == r.counters["steps"] if manager == "state"
-                else r.counters["folds"] >= 2)
+                else r.counters["folds"] >= 1)   # a branch sized by W: one holds a task
 
 
 def test_dropped_summaries_fail_the_probe():

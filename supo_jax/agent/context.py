@@ -47,8 +47,8 @@ Managers (ContextConfig.manager):
   window             keep only the last `window_turns` turns.
   state              MEM1-style per-turn state: the task prompt asks every reply to begin
                      with <state></state> (STATE_INSTRUCTION), within max_state_tokens
-                     beside the call's max_action_tokens; after every turn the context
-                     is s1 + the latest action + its observation (window with one turn,
+                     beside the call's max_action_tokens (0: sized from W, reply_budget);
+                     after every turn the context is s1 + the latest action + its observation (window with one turn,
                      every turn): each turn closes a row whose action (state and call) is
                      trained. A reply without a state block is kept as written (the agent
                      has then lost what it did not restate; `states` counts the blocks);
@@ -59,7 +59,10 @@ Managers (ContextConfig.manager):
                      follow in the context; return(message) replaces the branch's
                      turns by the branch call and a tool turn holding the message (then
                      a user request that came inside the branch), and closes a row (the
-                     rows share the rollout's advantage). One level:
+                     rows share the rollout's advantage). An action's budget is
+                     max_action_tokens + max_summary_tokens: a return's message is the
+                     branch's summary, and what a branch leaves in the main thread (its
+                     call and message) is bounded as a summary is. One level:
                      a branch inside a branch, a return outside one, or a branch past
                      max_branches is an error observation. At L inside a branch the
                      branch is folded with FORCED_RETURN; at L in the main thread the
@@ -124,8 +127,9 @@ class ContextConfig:
     summary_counts_as_step: bool = True
     state_instruction: str = STATE_INSTRUCTION   # state: appended to the task prompt
     clear_instruction: str = CLEAR_INSTRUCTION   # clear: appended to the task prompt
-    max_state_tokens: int = 256        # state, clear: a reply's <state> block, beyond
-                                       # max_action_tokens
+    max_state_tokens: int = 0          # state, clear: a reply's <state> block, beyond
+                                       # max_action_tokens; 0 (auto): what L leaves beside
+                                       # the task's prompt, the action and one observation
     max_branches: int = 8                        # fold: branches a rollout may open
 
     def __post_init__(self):
@@ -138,9 +142,12 @@ class ContextConfig:
         if not 0 < self.trigger_ratio <= 1:
             raise ValueError(f"context.trigger_ratio must be in (0, 1], got {self.trigger_ratio}")
         for f in ("working_context", "max_steps", "max_action_tokens", "max_summary_tokens",
-                  "max_observation_tokens", "window_turns", "max_state_tokens"):
+                  "max_observation_tokens", "window_turns"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"context.{f} must be positive, got {getattr(self, f)}")
+        if self.max_state_tokens < 0:
+            raise ValueError("context.max_state_tokens must be >= 0 (0: sized from W), got "
+                             f"{self.max_state_tokens}")
         if self.max_summaries < 0:
             raise ValueError("context.max_summaries must be >= 0")
         if "{summary}" not in self.continuation:
@@ -194,14 +201,15 @@ class ContextConfig:
             instr, gp, limit = self.instruction_len(fmt), len(fmt.gen_prompt), self.limit(fmt)
         return max(self.working_context, limit + instr + gp + self.max_summary_tokens)
 
-    def budget(self, request_len: int, summary: bool) -> int:
-        """Tokens a generation may add to a request of request_len tokens: its max, capped by
-        the room left in W (a summary under the paper's rule: its max, beyond W)."""
+    def budget(self, request_len: int, summary: bool, reply: int = 0) -> int:
+        """Tokens a generation may add to a request of request_len tokens: its max (an
+        action's: `reply`, the rollout's reply_budget, else action_tokens), capped by the room
+        left in W (a summary under the paper's rule: its max, beyond W)."""
         if summary:
             if self.trigger_rule == "paper":
                 return self.max_summary_tokens
             return min(self.max_summary_tokens, self.working_context - request_len)
-        return min(self.action_tokens, self.working_context - request_len)
+        return min(reply or self.action_tokens, self.working_context - request_len)
 
     @property
     def state_request(self) -> str:
@@ -214,8 +222,27 @@ class ContextConfig:
     def action_tokens(self) -> int:
         """An action's own budget: max_action_tokens, and where the prompt asks for a <state>
         block (state, clear) its max_state_tokens beside it (a reply holds both; W still
-        bounds the two together)."""
-        return self.max_action_tokens + (self.max_state_tokens if self.state_request else 0)
+        bounds the two together). Sized from W (max_state_tokens 0): W, the bound that
+        reply_budget's figure for each task stays under. fold: max_action_tokens +
+        max_summary_tokens (a return's message is the branch's summary: what it leaves in the
+        main thread is bounded as a summary is)."""
+        if self.manager == "fold":   # a return call carries the branch's summary
+            return self.max_action_tokens + self.max_summary_tokens
+        if not self.state_request:
+            return self.max_action_tokens
+        return self.max_action_tokens + self.max_state_tokens or self.working_context
+
+    def reply_budget(self, fmt: ChatFormat, prompt_len: int) -> int:
+        """An action's own budget in a rollout whose initial prompt holds prompt_len tokens:
+        action_tokens; with a <state> block sized from W (max_state_tokens 0), what L leaves
+        beside the prompt, the generation prompt and one observation turn of
+        max_observation_tokens, so that the latest turn alone stays below L (under `state`
+        the context is the prompt and that turn; under `clear`, once every result is cleared,
+        the prompt and the replies)."""
+        if not self.state_request or self.max_state_tokens:
+            return self.action_tokens
+        obs_turn = self.max_observation_tokens + len(fmt.turn("assistant", "tool", ""))
+        return self.limit(fmt) - 1 - prompt_len - len(fmt.gen_prompt) - obs_turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +303,7 @@ class RolloutState:
     # the latest user request the environment delivered after the initial prompt (role "user"
     # observations): a summary restart keeps it, after the continuation
     user_turn: str = ""
+    reply_budget: int = 0              # an action's own budget (ContextConfig.reply_budget)
 
     @property
     def context_len(self) -> int:

@@ -170,7 +170,11 @@ class ScriptedActor:
     def act(self, requests: Sequence[Request]) -> list[Generation]:
         out = []
         for r in requests:
-            ids = self.fmt.encode(self.expert.act(list(r.messages), r.summarize)) + [self.fmt.stop_id]
+            # an expert that sizes its moves by the context (FoldingExpert) is told its size
+            room = ({"room": (len(r.tokens), self._count)}
+                    if getattr(self.expert, "reads_room", False) else {})
+            ids = self.fmt.encode(self.expert.act(list(r.messages), r.summarize, **room)) + [
+                self.fmt.stop_id]
             if r.summarize and len(ids) > r.max_new:
                 self.cut_summaries += 1
                 if self.cut_summaries == 1:   # once: a silent 0% otherwise
@@ -186,6 +190,9 @@ class ScriptedActor:
             ids = ids[:r.max_new]
             out.append(Generation(ids, [0.0] * len(ids)))
         return out
+
+    def _count(self, text: str) -> int:
+        return len(self.fmt.encode(text)) + 1    # + the stop token
 
 
 def _common_prefix(a, b) -> int:
@@ -406,6 +413,10 @@ def start_state(fmt: ChatFormat, cfg: ContextConfig, rs: Reset) -> RolloutState:
     return _start(fmt, cfg, rs.system, rs.prompt, [t.schema() for t in rs.tools])
 
 
+# the least room a <state> block sized from W may get (fewer: the run stops at start-up)
+MIN_STATE_TOKENS = 16
+
+
 def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
            tools: list[dict]) -> RolloutState:
     if cfg.state_request:   # state, clear: every reply begins with a <state> block
@@ -419,7 +430,17 @@ def _start(fmt: ChatFormat, cfg: ContextConfig, system: str | None, prompt: str,
         raise ValueError(f"the initial prompt ({len(state.prefix)} tokens) does not fit "
                          f"the working context: L = {cfg.limit(fmt)} tokens "
                          f"(W = {cfg.working_context}); raise context.working_context")
-    return state
+    reply = cfg.reply_budget(fmt, len(state.prefix))
+    if (cfg.state_request and not cfg.max_state_tokens     # a <state> block sized from W
+            and reply - cfg.max_action_tokens < MIN_STATE_TOKENS):
+        raise ValueError(
+            f"context.manager={cfg.manager} at W = {cfg.working_context} leaves "
+            f"{max(0, reply - cfg.max_action_tokens)} tokens for a reply's <state> block beside "
+            f"the prompt ({len(state.prefix)} tokens), an action (context.max_action_tokens = "
+            f"{cfg.max_action_tokens}) and an observation (context.max_observation_tokens = "
+            f"{cfg.max_observation_tokens}); raise context.working_context, lower those two, "
+            "or set context.max_state_tokens")
+    return dataclasses.replace(state, reply_budget=reply)
 
 
 class Peers(Protocol):
@@ -605,7 +626,8 @@ class _Driver:
                 continue
             toks = request_tokens(self.fmt, r.state)
             is_sum = r.state.phase == "summarize"
-            budget = cfg.budget(len(toks), is_sum)    # >= 1: the manager leaves room
+            budget = cfg.budget(len(toks), is_sum, r.state.reply_budget)   # >= 1: the
+            # manager leaves room
             a = self.summarizer if is_sum else self.actor
             by_actor.setdefault(id(a), (a, []))[1].append(Request(
                 slot, toks, budget, r.state.messages, is_sum,

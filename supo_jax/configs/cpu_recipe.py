@@ -35,7 +35,7 @@ def config() -> Config:
                        eval_tasks=16),
         context=ContextConfig(manager="supo", working_context=446, max_summaries=3, max_steps=30,
                               max_action_tokens=48, max_summary_tokens=48,
-                              max_state_tokens=48, max_observation_tokens=64,
+                              max_observation_tokens=64,
                               trigger_rule="reserve", summary_role="user",
                               summary_instruction=SHORT_SUMMARY_INSTRUCTION),
         rollout=RolloutSection(tasks_per_step=8, group_size=4, rows=32, temperature=0.7,

@@ -152,21 +152,33 @@ class StateExpert:
 
 class FoldingExpert:
     """Any expert under context.manager=fold: it works in branches. In the main thread it
-    opens a branch; in a branch it lets the wrapped expert make `calls_per_branch` calls, then
-    returns the wrapped expert's summary as the return message, so the main thread holds the
-    branch calls and their messages only. A wrapped expert with `subtask(messages)` (the
-    sub-task the context is in, "" once all are done, None where the task has none: fncall's
-    sections) gets a branch per sub-task instead, returned once that sub-task is done; with
-    none left it answers in the main thread. The wrapped expert sees the context as a SUPO
-    restart: s1, the continuation holding the last return message (a FORCED_RETURN adds
-    nothing, and halves the calls of the branches after it), then the turns since. Once the
-    driver refuses a branch (context.max_branches spent) it goes on in the main thread."""
+    opens a branch; in a branch it lets the wrapped expert make calls, then returns the
+    wrapped expert's summary as the return message, so the main thread holds the branch
+    calls and their messages only. A wrapped expert with `subtask(messages)` (the sub-task the
+    context is in, "" once all are done, None where the task has none: fncall's sections)
+    gets a branch per sub-task instead, returned once that sub-task is done; with none left it
+    answers in the main thread. The wrapped expert sees the context as a SUPO restart: s1, the
+    continuation holding the last return message (a FORCED_RETURN adds nothing), then the
+    turns since. Once the driver refuses a branch (context.max_branches spent) it goes on in
+    the main thread.
 
-    def __init__(self, expert, calls_per_branch: int = 4, continuation: str = CONTINUATION):
+    How long a branch runs. Given the context's size (`act(..., room=(tokens, count))`, as the
+    rollout driver's ScriptedActor passes it) and L (`limit`), the expert sizes its branches
+    by what fits, a turn counted as the longest call and result the context shows: a branch
+    that made a call returns once one more turn and its return message would no longer fit
+    below L (a sub-task that does not fit one branch goes on in the next, from the return
+    message), and no branch opens where its call, a turn and its return do not fit (it goes
+    on in the main thread). Without them, a branch returns after `calls_per_branch` calls
+    (halved for each branch the limit closed, its calls lost)."""
+
+    reads_room = True   # ScriptedActor passes room=(context tokens, count(text) -> tokens)
+
+    def __init__(self, expert, calls_per_branch: int = 4, continuation: str = CONTINUATION,
+                 limit: int | None = None):
         if calls_per_branch < 1:
             raise ValueError(f"calls_per_branch={calls_per_branch} must be >= 1")
         self.expert, self.calls_per_branch = expert, calls_per_branch
-        self.continuation = continuation
+        self.continuation, self.limit = continuation, limit
 
     def _view(self, messages: list[dict]) -> tuple[list[dict], int | None, bool, int]:
         """(what the wrapped expert reads, where in it the open branch starts or None in the
@@ -204,34 +216,57 @@ class FoldingExpert:
 
     def _branch_done(self, view: list[dict], start: int, task: str | None, forced: int) -> bool:
         """Whether the open branch has done its work: its sub-task is no longer the one it
-        opened in, or (no sub-tasks) it made its calls; each branch the limit closed (its
-        calls lost) halves the calls of the next ones."""
+        opened in, or (no sub-tasks, no room known) it made its calls."""
         if task is not None:
             return task != self._subtask(view[:start])
         calls = sum(m.get("role") == "assistant" for m in view[start:])
         return calls >= max(1, self.calls_per_branch >> forced)
 
-    def act(self, messages: list[dict], summarize: bool = False) -> str:
-        view, start, can_branch, forced = self._view(messages)
+    @staticmethod
+    def _turn(view: list[dict], count) -> int:
+        """What one more call and its observation may add: the longest turn (a call of the
+        task's tools and the tool result after it) the context holds, + 16 tokens of turn
+        markup; 0 before any."""
+        seen = [count(a["content"]) + count(str(t["content"])) + 16
+                for a, t in zip(view, view[1:])
+                if a.get("role") == "assistant" and t.get("role") == "tool"
+                and fold_call(a["content"]) is None]
+        return max(seen, default=0)
+
+    def _return(self, view: list[dict]) -> str:
+        from supo_jax.text.parsing import extract_summary
         ask = [{"role": "user", "content": SUMMARY_INSTRUCTION}]   # as a summary request ends
+        text = self.expert.act(view + ask, True)
+        return format_tool_call("return", {"message": extract_summary(text) or text})
+
+    def act(self, messages: list[dict], summarize: bool = False, room=None) -> str:
+        view, start, can_branch, forced = self._view(messages)
         if summarize:
-            return self.expert.act(view + ask, True)
+            return self.expert.act(view + [{"role": "user", "content": SUMMARY_INSTRUCTION}],
+                                   True)
+        sized = room is not None and self.limit is not None
         task = self._subtask(view)
         if start is None and can_branch and task != "":
-            return format_tool_call("branch", {"description": task or "the next steps"})
+            call = format_tool_call("branch", {"description": task or "the next steps"})
+            # a branch where its call, a turn and its return fit below L
+            if not sized or room[0] + room[1](call) + self._turn(view, room[1]) + room[1](
+                    self._return(view)) < self.limit:
+                return call
         # a return, like a summary, follows a tool result: not a new user request
-        if (start is not None and view[-1].get("role") == "tool"
-                and self._branch_done(view, start, task, forced)):
-            from supo_jax.text.parsing import extract_summary
-            text = self.expert.act(view + ask, True)
-            return format_tool_call("return", {"message": extract_summary(text) or text})
+        if start is not None and view[-1].get("role") == "tool":
+            ret = self._return(view)
+            # sized without sub-tasks: a branch runs while it fits
+            done = (task is not None or not sized) and self._branch_done(view, start, task, forced)
+            turn = self._turn(view[start:], room[1]) if sized else 0
+            if done or turn and room[0] + turn + room[1](ret) >= self.limit:
+                return ret     # done, or one more turn and the return would not fit
         return self.expert.act(view)
 
 
 def for_context(expert, ctx):
     """The expert as context manager ctx.manager needs it: under fold, a FoldingExpert (it
-    works in branches); otherwise the expert itself (state blocks are the expert's own, asked
-    for by the task prompt)."""
+    works in branches sized by L); otherwise the
+    expert itself (state blocks are the expert's own, asked for by the task prompt)."""
     if ctx.manager == "fold":
-        return FoldingExpert(expert, continuation=ctx.continuation)
+        return FoldingExpert(expert, continuation=ctx.continuation, limit=ctx.trigger)
     return expert
