@@ -24,7 +24,7 @@ import common
 sys.path.insert(0, os.path.join(common.REPO, "experiments"))
 
 FAMILIES = ("tallest", "pages", "chain", "count", "listing", "graph", "reports", "sections")
-LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+from supo_jax.rl.trainer import SIZES as LADDER  # noqa: E402  (the expert-ceiling hint's)
 WS = (446, 1024, 2048)
 PASS = 0.9
 

@@ -273,8 +273,8 @@ def _cmd_rollout(args) -> None:
         ro, actor = scripted_rollouts(cfg, fmt, tasks)
         if not summarize(ro)["success_rate"]:
             from supo_jax.rl.trainer import solved_none_line
-            print(solved_none_line(cfg, ro, actor) + ": change those settings (--set) or the "
-                  "task's knobs (--set 'env.knobs.size=...')", flush=True)
+            print(solved_none_line(cfg, ro, actor, fmt) + ": change those settings (--set) or "
+                  "the task's knobs (--set 'env.knobs.size=...')", flush=True)
     else:
         from supo_jax.rl.runs import build_policy
         from supo_jax.rl.trainer import rollout_batch

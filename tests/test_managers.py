@@ -148,6 +148,7 @@ def test_the_experts_ceiling_names_what_ran_out_and_cut_actions_are_a_config_err
     got = expert_ceiling(cfg, fmt, n=4, log=lines.append)
     assert got["expert_success_rate"] == 0.0 and got["expert_cut_actions"] == 0
     assert len(lines) == 1 and "summaries (context.max_summaries)" in lines[0], lines
+    assert "it solves env.knobs.size=8 here" in lines[0], lines   # the knob to set
     lines.clear()
     cfg = load_config(None, ["env.name=fncall/count", "env.knobs.size=[5, 9]"])
     assert expert_ceiling(cfg, fmt, n=4, log=lines.append)["expert_success_rate"] == 1.0

@@ -178,23 +178,54 @@ def expert_ceiling(cfg: Config, fmt: ChatFormat, n: int | None = None,
     ro, actor = scripted_rollouts(cfg, fmt, tasks)
     s = summarize(ro)
     if s["success_rate"] == 0 and is_main():
-        log(solved_none_line(cfg, ro, actor) + ". Rewards will be rare: change those settings "
-            "or the task's knobs (env.knobs)")
+        log(solved_none_line(cfg, ro, actor, fmt) + ". Rewards will be rare: change those "
+            "settings or the task's knobs (env.knobs)")
     return {"expert_success_rate": s["success_rate"], "expert_reasons": s["reasons"],
             "expert_cut_actions": actor.cut_actions, "expert_actions": actor.actions}
 
 
-def solved_none_line(cfg: Config, ro: Sequence[Rollout], actor) -> str:
-    """One line: the scripted expert solved none of `ro`, and what ran out."""
+def solved_none_line(cfg: Config, ro: Sequence[Rollout], actor,
+                     fmt: ChatFormat | None = None) -> str:
+    """One line: the scripted expert solved none of `ro`, and what ran out; given fmt, and
+    where the task has a size knob, the largest size at which it solves its tasks here."""
     c, reasons = cfg.context, summarize(ro)["reasons"]
     ran_out = [_RAN_OUT[k] for k in reasons if k in _RAN_OUT]
     if actor.cut_actions:
         ran_out.append(f"the action budget ({_action_budget(c)}: {actor.cut_actions} of "
                        f"{actor.actions} actions cut)")
+    size = _size_it_solves(cfg, fmt) if fmt is not None else None
     return (f"expert ceiling: the scripted expert solves none of {len(ro)} {cfg.env.name} tasks "
             f"under context.manager={c.manager} at W = {c.working_context} (reasons: {reasons}, "
             f"knobs: {cfg.env.knobs or 'the environment defaults'}); what ran out: "
-            f"{', '.join(ran_out) or 'nothing named'}")
+            f"{', '.join(ran_out) or 'nothing named'}"
+            + (f"; it solves env.knobs.size={size} here" if size else ""))
+
+
+SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)   # the capacity benchmark's ladder
+
+
+def _size_it_solves(cfg: Config, fmt: ChatFormat, n: int = 2) -> int | None:
+    """The largest size on SIZES (up to the configured one) at which the scripted expert solves
+    n of n tasks under cfg (None: not the smallest, or the task has no `size` knob)."""
+    from supo_jax.envs import make_tasks
+
+    now = cfg.env.knobs.get("size")
+    top = min(now) if isinstance(now, (list, tuple)) else now
+    best = None
+    for size in SIZES:
+        if top is not None and size >= top:
+            break
+        knobs = {**cfg.env.knobs, "size": size}
+        try:
+            tasks = make_tasks(cfg.env.name, "train", n, seed=30_000 + cfg.env.seed, **knobs)
+            ro, _ = scripted_rollouts(dataclasses.replace(
+                cfg, env=dataclasses.replace(cfg.env, knobs=knobs)), fmt, tasks)
+        except (ValueError, TypeError):   # no size knob, out of range, every action cut
+            break
+        if summarize(ro)["success_rate"] < 1.0:
+            break
+        best = size
+    return best
 
 
 def _action_budget(c: ContextConfig) -> str:
