@@ -2,18 +2,25 @@
 # Launch a supo-jax training run on a Cloud TPU VM (single host or pod slice).
 #
 #   ./launch_tpu.sh --tpu NAME --zone ZONE [--project P] [--accelerator v5litepod-16]
-#                   [--runtime v2-alpha-tpuv5-lite] [--create] [--config FILE]
+#                   [--runtime v2-alpha-tpuv5-lite] [--create | --spot | --queued]
+#                   [--max-restarts 10] [--poll-seconds 60] [--config FILE]
 #                   [--set key=value ...] [--dry-run]
 #
 # Ships this checkout to every worker, installs it with the [tpu] extra, and starts the same
 # `supo-jax train` command on all workers (each worker's log: logs/<tpu>/worker-<i>.log on the
 # worker, ~/supo_jax/logs/...). On a multi-host slice, supo-jax calls jax.distributed.initialize()
 # itself (the TPU runtime supplies the coordinator). --dry-run prints every command instead.
+# --spot (a Spot TPU VM) or --queued (a queued resource, Spot) creates the slice and stays to
+# watch it: when the slice is preempted or lost, or the run stops preempted (exit 143 or 75), it
+# recreates the slice and starts the same command again, which resumes from train.run_dir (a
+# gs:// bucket, or a disk every new slice mounts); it stops when the run exits 0 (its last step
+# done), exits with the run's status when the run fails otherwise, and gives up after
+# --max-restarts restarts.
 set -euo pipefail
 
 TPU="" ZONE="" PROJECT="" ACCEL="v5litepod-8" RUNTIME="v2-alpha-tpuv5-lite" CREATE=0 DRY=0
-CONFIG="" SETS=()
-usage() { sed -n '2,11p' "$0"; exit "${1:-0}"; }
+CONFIG="" SETS=() MODE="" MAX_RESTARTS=10 POLL=60
+usage() { sed -n '2,18p' "$0"; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tpu) TPU="$2"; shift 2 ;;
@@ -22,6 +29,10 @@ while [[ $# -gt 0 ]]; do
     --accelerator) ACCEL="$2"; shift 2 ;;
     --runtime) RUNTIME="$2"; shift 2 ;;
     --create) CREATE=1; shift ;;
+    --spot) MODE=spot; shift ;;
+    --queued) MODE=queued; shift ;;
+    --max-restarts) MAX_RESTARTS="$2"; shift 2 ;;
+    --poll-seconds) POLL="$2"; shift 2 ;;
     --config) CONFIG="$2"; shift 2 ;;
     --set) SETS+=("$2"); shift 2 ;;
     --dry-run) DRY=1; shift ;;
@@ -41,28 +52,97 @@ run() {  # print, and run unless --dry-run
 }
 
 GC=(gcloud compute tpus tpu-vm)
+QR=(gcloud compute tpus queued-resources)
 LOC=(--zone "$ZONE")
 [[ -n "$PROJECT" ]] && LOC+=(--project "$PROJECT")
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TARBALL="/tmp/supo_jax_${TPU}.tar.gz"
 
-if [[ $CREATE -eq 1 ]]; then
-  run "${GC[@]}" create "$TPU" "${LOC[@]}" --accelerator-type "$ACCEL" --version "$RUNTIME"
-fi
-
-run tar -czf "$TARBALL" -C "$HERE" --exclude .git --exclude runs --exclude '*.egg-info' .
-run "${GC[@]}" scp "$TARBALL" "$TPU:~/supo_jax.tar.gz" "${LOC[@]}" --worker=all
-run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command \
-  "mkdir -p ~/supo_jax && tar -xzf ~/supo_jax.tar.gz -C ~/supo_jax && cd ~/supo_jax && pip install -q -e \".[tpu]\""
+create() {  # the slice: on demand (--create), a Spot VM (--spot) or a queued resource (--queued)
+  case "$MODE" in
+    spot) run "${GC[@]}" create "$TPU" "${LOC[@]}" --accelerator-type "$ACCEL" --version "$RUNTIME" \
+            --spot ;;
+    queued)
+      run "${QR[@]}" create "$TPU" "${LOC[@]}" --node-id "$TPU" --accelerator-type "$ACCEL" \
+        --runtime-version "$RUNTIME" --spot
+      [[ $DRY -eq 1 ]] && return 0
+      local st=""   # wait until the queue grants it
+      until [[ "$st" == ACTIVE ]]; do
+        st=$("${QR[@]}" describe "$TPU" "${LOC[@]}" --format='value(state.state)' 2>/dev/null || true)
+        case "$st" in FAILED|SUSPENDED) echo "launch_tpu.sh: queued resource $TPU is $st" >&2
+                                        return 1 ;; esac
+        [[ "$st" == ACTIVE ]] || sleep "$POLL"
+      done ;;
+    *) run "${GC[@]}" create "$TPU" "${LOC[@]}" --accelerator-type "$ACCEL" --version "$RUNTIME" ;;
+  esac
+}
+remove() {  # the preempted or lost slice (and its queued resource)
+  if [[ "$MODE" == queued ]]; then run "${QR[@]}" delete "$TPU" "${LOC[@]}" --force --quiet || true
+  else run "${GC[@]}" delete "$TPU" "${LOC[@]}" --quiet || true; fi
+}
+slice_state() {  # READY when the slice can run; anything else (PREEMPTED, TERMINATED, gone) cannot
+  local st
+  st=$("${GC[@]}" describe "$TPU" "${LOC[@]}" --format='value(state)' 2>/dev/null) || st=GONE
+  echo "${st:-GONE}"
+}
 
 TRAIN="supo-jax train"
 [[ -n "$CONFIG" ]] && TRAIN+=" --config $(printf '%q' "$CONFIG")"
 for s in "${SETS[@]+"${SETS[@]}"}"; do TRAIN+=" --set $(printf '%q' "$s")"; done
-# every worker runs the same command; its log is named by its worker id
-REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && W=\$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0) && SUPO_JAX_MULTIHOST=1 nohup $TRAIN > logs/$TPU/worker-\$W.log 2>&1 &"
-run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command "$REMOTE"
-if [[ $DRY -eq 1 ]]; then
-  echo "dry run: nothing was started on $TPU"
-else
-  echo "started on all workers of $TPU; logs: ~/supo_jax/logs/$TPU/worker-<i>.log on each worker"
+# every worker runs the same command; its log is named by its worker id, and its exit status
+# lands beside it (worker-<i>.exit), which the watcher (--spot / --queued) reads
+WORKER="W=\$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"
+REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && $WORKER && rm -f logs/$TPU/worker-\$W.exit && (trap '' HUP; SUPO_JAX_MULTIHOST=1 $TRAIN > logs/$TPU/worker-\$W.log 2>&1; echo \$? > logs/$TPU/worker-\$W.exit) > /dev/null 2>&1 < /dev/null &"
+
+start() {  # ship this checkout, install it and start the run on every worker
+  run tar -czf "$TARBALL" -C "$HERE" --exclude .git --exclude runs --exclude '*.egg-info' .
+  run "${GC[@]}" scp "$TARBALL" "$TPU:~/supo_jax.tar.gz" "${LOC[@]}" --worker=all
+  run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command \
+    "mkdir -p ~/supo_jax && tar -xzf ~/supo_jax.tar.gz -C ~/supo_jax && cd ~/supo_jax && pip install -q -e \".[tpu]\""
+  run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command "$REMOTE"
+}
+
+if [[ -z "$MODE" ]]; then
+  [[ $CREATE -eq 1 ]] && create
+  start
+  if [[ $DRY -eq 1 ]]; then
+    echo "dry run: nothing was started on $TPU"
+  else
+    echo "started on all workers of $TPU; logs: ~/supo_jax/logs/$TPU/worker-<i>.log on each worker"
+  fi
+  exit 0
 fi
+
+# --spot / --queued: create, start, watch; recreate and restart after a preemption
+restarts=0
+if [[ $DRY -eq 1 || "$(slice_state)" != READY ]]; then create; fi
+while true; do
+  start
+  if [[ $DRY -eq 1 ]]; then
+    echo "dry run: nothing was started on $TPU; then every $POLL s: the slice's state" \
+         "(describe) and worker 0's exit status (logs/$TPU/worker-0.exit); on a preemption:"
+    remove; create
+    echo "and start again (at most $MAX_RESTARTS restarts)"
+    exit 0
+  fi
+  echo "started on all workers of $TPU (restart $restarts of at most $MAX_RESTARTS); watching"
+  while true; do
+    sleep "$POLL"
+    code=$("${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=0 --command \
+           "cat ~/supo_jax/logs/$TPU/worker-0.exit 2>/dev/null || true" 2>/dev/null || true)
+    code="${code//[^0-9]/}"
+    state=$(slice_state)
+    if [[ "$code" == 0 ]]; then echo "the run on $TPU finished"; exit 0; fi
+    if [[ -n "$code" && "$code" != 143 && "$code" != 75 ]]; then
+      echo "launch_tpu.sh: the run on $TPU failed (exit $code); see its logs" >&2; exit "$code"
+    fi
+    [[ -n "$code" || "$state" != READY ]] && break   # preempted: the run, or the slice
+  done
+  restarts=$((restarts + 1))
+  if [[ $restarts -gt $MAX_RESTARTS ]]; then
+    echo "launch_tpu.sh: $TPU was preempted $restarts times; giving up (--max-restarts)" >&2
+    exit 1
+  fi
+  echo "preempted (slice $state${code:+, run exit $code}): recreating $TPU"
+  if [[ "$state" != READY ]]; then remove; create; fi
+done

@@ -2,6 +2,8 @@
 import os
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -34,3 +36,84 @@ def test_missing_required_options_fail():
     r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--dry-run"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--tpu and --zone are required" in r.stderr
+
+
+FAKE_GCLOUD = r'''#!/usr/bin/env bash
+# gcloud as launch_tpu.sh drives it, for tests: a slice's state in $FAKE_GCLOUD_DIR; the run's
+# first start is preempted (the slice turns PREEMPTED), the next ones exit with $FAKE_RUN_EXIT
+d="$FAKE_GCLOUD_DIR"; a="$*"; echo "$a" >> "$d/calls"
+case "$a" in
+  "compute tpus tpu-vm create "*|"compute tpus queued-resources create "*)
+    echo READY > "$d/state"; echo ACTIVE > "$d/qr"; echo x >> "$d/creates" ;;
+  "compute tpus tpu-vm delete "*|"compute tpus queued-resources delete "*) rm -f "$d/state" "$d/qr" ;;
+  "compute tpus tpu-vm describe "*) [[ -f "$d/state" ]] || exit 1; cat "$d/state" ;;
+  "compute tpus queued-resources describe "*) cat "$d/qr" ;;
+  "compute tpus tpu-vm ssh "*)
+    [[ "$(cat "$d/state" 2>/dev/null)" == READY ]] || exit 255
+    if [[ "$a" == *"supo-jax train"* ]]; then
+      rm -f "$d/exit"; echo x >> "$d/starts"
+      if [[ $(wc -l < "$d/starts") -eq 1 ]]; then echo PREEMPTED > "$d/state"
+      else echo "${FAKE_RUN_EXIT:-0}" > "$d/exit"; fi
+    elif [[ "$a" == *"worker-0.exit"* ]]; then cat "$d/exit" 2>/dev/null || true; fi ;;
+esac
+'''
+
+
+def _launch(tmp_path, mode, run_exit=0):
+    bin_dir, state = tmp_path / "bin", tmp_path / "gcloud"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "gcloud").write_text(FAKE_GCLOUD)
+    (bin_dir / "gcloud").chmod(0o755)
+    tpu = f"fake-{mode}-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "FAKE_GCLOUD_DIR": str(state), "FAKE_RUN_EXIT": str(run_exit)}
+    try:
+        r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--tpu", tpu, "--zone",
+                            "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", "3",
+                            "--set", "train.run_dir=/mnt/shared/run"],
+                           capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        if os.path.exists(f"/tmp/supo_jax_{tpu}.tar.gz"):
+            os.remove(f"/tmp/supo_jax_{tpu}.tar.gz")
+    calls = (state / "calls").read_text().splitlines()
+    return r, calls
+
+
+def _count(calls, *words):
+    return sum(all(w in c for w in words) for c in calls)
+
+
+@pytest.mark.parametrize("mode,group", [("spot", "tpu-vm"), ("queued", "queued-resources")])
+def test_a_preempted_slice_is_recreated_and_the_same_run_started_again(tmp_path, mode, group):
+    """--spot / --queued with gcloud faked: the slice is preempted while the run is on it; the
+    launcher deletes and recreates it, ships the checkout again and starts the same command
+    (which resumes from its run directory), and stops when the run exits 0."""
+    r, calls = _launch(tmp_path, mode)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _count(calls, f"compute tpus {group} create") == 2
+    assert _count(calls, f"compute tpus {group} delete") == 1
+    if mode == "spot":
+        assert all("--spot" in c for c in calls if "create" in c)
+    starts = [c for c in calls if "supo-jax train" in c]
+    assert len(starts) == 2 and starts[0] == starts[1]
+    assert "train.run_dir=/mnt/shared/run" in starts[0]
+    assert _count(calls, "tpu-vm scp") == 2
+    assert "preempted (slice PREEMPTED): recreating" in r.stdout
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_run_that_fails_on_a_healthy_slice_is_not_restarted(tmp_path):
+    r, calls = _launch(tmp_path, "spot", run_exit=1)
+    assert r.returncode == 1 and "failed (exit 1)" in r.stderr
+    assert _count(calls, "tpu-vm create") == 2 and len([c for c in calls
+                                                        if "supo-jax train" in c]) == 2
+
+
+def test_spot_dry_run_prints_the_watch_and_the_recreation():
+    r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--tpu", "my-tpu", "--zone",
+                        "z1", "--queued", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "queued-resources create my-tpu --zone z1 --node-id my-tpu" in r.stdout
+    assert "queued-resources delete my-tpu --zone z1 --force --quiet" in r.stdout
+    assert "at most 10 restarts" in r.stdout and not os.path.exists("/tmp/supo_jax_my-tpu.tar.gz")
