@@ -124,7 +124,9 @@ def markdown(res: dict) -> str:
                 "-" if c["size"] is None else
                 f"{c['size']}{'+' if c.get('failed_size') is None else ''}" for c in cells) + " |")
         out.append("")
-    out.append("`+`: the ladder's largest size (or the family's) passed: the reach is larger.")
+    out.append("`+`: the ladder's largest size (or the family's) passed: the reach is larger. "
+               "`frozen_summarizer` has no column: with the expert writing the summaries a "
+               "frozen one would, its reach is `supo`'s.")
     return "\n".join(out)
 
 
