@@ -254,19 +254,21 @@ class FoldingExpert:
                 return call
         # a return, like a summary, follows a tool result: not a new user request
         if start is not None and view[-1].get("role") == "tool":
-            ret = self._return(view)
             # sized without sub-tasks: a branch runs while it fits
-            done = (task is not None or not sized) and self._branch_done(view, start, task, forced)
+            if (task is not None or not sized) and self._branch_done(view, start, task, forced):
+                return self._return(view)
             turn = self._turn(view[start:], room[1]) if sized else 0
-            if done or turn and room[0] + turn + room[1](ret) >= self.limit:
-                return ret     # done, or one more turn and the return would not fit
+            if turn:           # one more turn and the return would not fit: return now
+                ret = self._return(view)
+                if room[0] + turn + room[1](ret) >= self.limit:
+                    return ret
         return self.expert.act(view)
 
 
 def for_context(expert, ctx):
     """The expert as context manager ctx.manager needs it: under fold, a FoldingExpert (it
-    works in branches sized by L); otherwise the
-    expert itself (state blocks are the expert's own, asked for by the task prompt)."""
+    works in branches sized by L); otherwise the expert itself (state blocks are the expert's
+    own, asked for by the task prompt)."""
     if ctx.manager == "fold":
         return FoldingExpert(expert, continuation=ctx.continuation, limit=ctx.trigger)
     return expert
