@@ -63,6 +63,7 @@ from supo_jax.envs.fncall.expert import Expert, expert_for
 from supo_jax.envs.fncall.graph import Graph
 from supo_jax.envs.fncall.listing import Listing
 from supo_jax.envs.fncall.pages import Pages
+from supo_jax.envs.fncall.records import Records
 from supo_jax.envs.fncall.reports import Reports
 from supo_jax.envs.fncall.sections import Sections
 from supo_jax.envs.fncall.suite import FAMILIES, FAMILY_ENVS, Fncall, generate_tasks

@@ -11,6 +11,7 @@ from supo_jax.envs.fncall.count import Count
 from supo_jax.envs.fncall.graph import Graph
 from supo_jax.envs.fncall.listing import Listing
 from supo_jax.envs.fncall.pages import Pages
+from supo_jax.envs.fncall.records import Records
 from supo_jax.envs.fncall.reports import Reports
 from supo_jax.envs.fncall.sections import Sections
 from supo_jax.envs.fncall.tallest import Tallest
@@ -19,7 +20,7 @@ FAMILIES = ("tallest", "pages", "chain", "graph")
 # `fncall` (the mixture) draws from FAMILIES; every family here is also `fncall/<family>`
 FAMILY_ENVS: dict[str, type[FncallEnv]] = {c.family: c for c in (Tallest, Pages, Chain, Graph,
                                                                   Count, Listing, Reports,
-                                                                  Sections)}
+                                                                  Sections, Records)}
 
 
 class Fncall(Environment):
