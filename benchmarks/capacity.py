@@ -23,7 +23,8 @@ import common
 
 sys.path.insert(0, os.path.join(common.REPO, "experiments"))
 
-FAMILIES = ("tallest", "pages", "chain", "count", "listing", "graph", "reports", "sections")
+FAMILIES = ("tallest", "pages", "chain", "count", "listing", "graph", "reports", "records",
+            "sections")
 from supo_jax.rl.trainer import SIZES as LADDER  # noqa: E402  (the expert-ceiling hint's)
 WS = (446, 1024, 2048)
 PASS = 0.9

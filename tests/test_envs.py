@@ -397,6 +397,27 @@ def test_reports_family_states_the_figure_first_then_filler():
     assert env.probe(f"sum={v[0] + v[1]}; next=3") and not env.probe(f"sum={v[0]}; next=2")
 
 
+def test_records_family_is_count_with_long_records_colour_first():
+    """fncall/records: count's task (hidden length, the same state and probe), each look(i) a
+    record whose first sentence is count's observation, then 10-16 filler sentences; errors
+    stay count's short ones; the expert solves it."""
+    tasks = make_tasks("fncall/records", "train", 4, 0, size=(3, 6))
+    expert_solves("fncall/records", tasks)
+    env, t = make_env("fncall/records"), tasks[0]
+    env.reset(t)
+    obs = env.act(format_tool_call("look", {"i": 0})).observation
+    head, rest = obs.split(". ", 1)
+    assert head == f"Item 0 is {t['colours'][0]}" and 10 <= rest.count(".") <= 16
+    assert "Item" not in rest
+    last = env.act(format_tool_call("look", {"i": t["n"] - 1})).observation
+    assert "It is the last item." in last
+    bad = env.act(format_tool_call("look", {"i": t["n"]}))
+    assert "error" in bad.info and len(bad.observation) < 80
+    red = t["colours"][0] == "red"
+    assert env.probe(f"count={int(red)}; next=1; last={t['n'] - 1}")
+    assert not env.probe(f"count={int(red)}; next=1; last=-1")
+
+
 def test_sections_family_keeps_a_constant_state_and_a_branch_a_section():
     """fncall/sections: the largest of n section totals, the state four numbers; the expert
     solves it under full context and summarize-and-reset, and under fold opens one branch a

@@ -19,15 +19,19 @@ listing   read_page(page)            one key's value in n pages   next=<page>; v
 reports   read_report(report)        sum of the figures of n      sum=<int>; next=<report>
                                      reports (~100-200 tokens
                                      each, the figure first)
+records   look(i)                    count's answer; each record  count's
+                                     ~100-200 tokens, the colour
+                                     first
 sections  read_page(section, page)   largest total of n sections  best=<int>; section=<int>;
                                      of 6 pages                   sum=<int>; page=<int>
 
-The knob n is: people / pages / hops / nodes / items / pages / reports / sections. `fncall`
-(the mixture) draws from the first four; the others run as `fncall/<family>`. reports and
-sections are for comparing context managers: a report is dead weight once read (clearing old
-results or summarizing reaches far, `full` does not), and a section is a sub-task whose pages
-can be dropped once it is summed (under fold the expert opens a branch a section; the default
-8 sections use context.max_branches' 8). For "graph" the state is the BFS state
+The knob n is: people / pages / hops / nodes / items / pages / reports / items / sections.
+`fncall` (the mixture) draws from the first four; the others run as `fncall/<family>`.
+reports, records and sections are for comparing context managers: a report or a record is
+dead weight once read (clearing old results, folding or summarizing reaches far, `full` does
+not; records keeps count's running tally, a small policy's answer, where reports sums), and
+a section is a sub-task whose pages can be dropped once it is summed (under fold the expert
+opens a branch a section; the default 8 sections use context.max_branches' 8). For "graph" the state is the BFS state
 (nodes expanded layer by layer in ascending order; `seen` lists every node found),
 about 3n tokens, so keep n <= ~40 there; the target is a node farthest from the source,
 so the search expands most of the graph.
@@ -46,7 +50,7 @@ the working context alone (prompt, latest summary, observations after it).
 
 Modules: common.py (FncallEnv, the base every family subclasses, and shared helpers), one
 file per family (tallest.py, pages.py, chain.py, graph.py, count.py, listing.py, reports.py,
-sections.py), suite.py
+records.py, sections.py), suite.py
 (FAMILY_ENVS, the `fncall` mixture env, generate_tasks), expert.py (Expert, expert_for).
 Importing this package registers `fncall`, each `fncall/<family>` and the expert.
 """
@@ -70,7 +74,7 @@ from supo_jax.envs.fncall.suite import FAMILIES, FAMILY_ENVS, Fncall, generate_t
 from supo_jax.envs.fncall.tallest import Tallest
 
 __all__ = ["FAMILIES", "FAMILY_ENVS", "Chain", "Count", "Expert", "Fncall", "FncallEnv", "Graph",
-           "Listing", "Pages", "Reports", "Sections", "Tallest", "expert_for", "format_state",
+           "Listing", "Pages", "Records", "Reports", "Sections", "Tallest", "expert_for", "format_state",
            "generate_tasks"]
 
 register_env("fncall", tasks=generate_tasks)(Fncall)
