@@ -26,12 +26,17 @@ setup(
         "tqdm>=4.66",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        # run directories in a bucket (gs://): gcsfs for files, google-cloud-storage (its
+        # dependency) for TensorBoard's writer; Orbax writes arrays through tensorstore
+        "gcsfs>=2024.2",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "accelerate>=1.0",
                  "safetensors>=0.4", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  # LoRA adapters checked against peft's (tests/test_lora.py)
                  "peft>=0.17",
+                 # a GCS API server on a loopback port (tests/gcs.py)
+                 "gcp-storage-emulator>=2024.8",
                  # compiles for TPU slices ahead of time on CPU (tests/test_tpu_compile.py)
                  "libtpu==0.0.42.1; sys_platform == 'linux'"],
         "tpu": ["jax[tpu]>=0.6"],

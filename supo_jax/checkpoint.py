@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import warnings
 
 import jax
 import orbax.checkpoint as ocp
+
+from supo_jax import storage
 
 
 @contextlib.contextmanager
@@ -40,7 +41,8 @@ def _abstract(tree):
 
 class RunCheckpoints:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        storage.configure()   # tensorstore's endpoint from STORAGE_EMULATOR_HOST
+        self.directory = storage.abspath(directory)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

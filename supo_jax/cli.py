@@ -128,8 +128,6 @@ def _run_config(args):
 
 
 def _cmd_train(args) -> None:
-    import os
-
     from supo_jax.rl.metrics import summary_table
     from supo_jax.rl.trainer import Preempted, train
 
@@ -142,8 +140,10 @@ def _cmd_train(args) -> None:
         print(f"supo-jax train: {e}", file=sys.stderr)
         raise SystemExit(143) from None    # 128 + SIGTERM: the run did not finish
     except KeyboardInterrupt:
-        ck = os.path.join(cfg.train.run_dir, "checkpoints")
-        steps = [int(d) for d in (os.listdir(ck) if os.path.isdir(ck) else []) if d.isdigit()]
+        from supo_jax import storage
+        ck = storage.join(cfg.train.run_dir, "checkpoints")
+        steps = [int(d) for d in (storage.listdir(ck) if storage.isdir(ck) else [])
+                 if d.isdigit()]
         raise KeyboardInterrupt(f"checkpoint step {max(steps)} of {cfg.train.steps}" if steps
                                 else "no checkpoint yet: a rerun starts the run over") from None
     if jax.process_index() > 0:   # process 0 reports and logs; the others state their losses
@@ -151,10 +151,11 @@ def _cmd_train(args) -> None:
               f"{[h['loss'] for h in out['history']]}; logs and reports come from process 0")
         return
     print(summary_table(out["history"], out["eval"], out.get("eval_before")))
-    print(f"logs: {os.path.join(cfg.train.run_dir, 'metrics.jsonl')} and "
-          f"{os.path.join(cfg.train.run_dir, 'tb')} (TensorBoard events: pip install tensorboard, "
+    from supo_jax.storage import join
+    print(f"logs: {join(cfg.train.run_dir, 'metrics.jsonl')} and "
+          f"{join(cfg.train.run_dir, 'tb')} (TensorBoard events: pip install tensorboard, "
           f"then tensorboard --logdir {cfg.train.run_dir}); "
-          f"checkpoints: {os.path.join(cfg.train.run_dir, 'checkpoints')}; "
+          f"checkpoints: {join(cfg.train.run_dir, 'checkpoints')}; "
           f"HF export: {out.get('export')}"
           + (f"; PEFT adapter: {out['peft']}" if out.get("peft") else ""))
 
@@ -162,13 +163,12 @@ def _cmd_train(args) -> None:
 def _restore_policy(cfg, mesh=None):
     """The run's latest policy (checkpoint in run_dir) or the configured one; a
     FileNotFoundError when there is neither."""
-    import os
-
+    from supo_jax import storage
     from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.rl.runs import build_policy, check_run_dir
 
-    ck = os.path.join(cfg.train.run_dir, "checkpoints")
-    mgr = RunCheckpoints(ck) if os.path.isdir(ck) else None
+    ck = storage.join(cfg.train.run_dir, "checkpoints")
+    mgr = RunCheckpoints(ck) if storage.isdir(ck) else None
     steps = mgr.steps() if mgr else []
     if not (steps or cfg.model.path or cfg.train.init_from):
         raise FileNotFoundError(f"no checkpoint in {ck} and no model.path / train.init_from: "
@@ -189,10 +189,10 @@ def _restore_policy(cfg, mesh=None):
 
 def _cmd_eval(args) -> None:
     import json
-    import os
 
     import jax
 
+    from supo_jax import storage
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import check_prompt_fits
     from supo_jax.rl.trainer import evaluate_caps, expert_ceiling
@@ -210,29 +210,27 @@ def _cmd_eval(args) -> None:
     print(" | ".join(f"{k:>20s}" for k in keys))
     for r in rows:
         print(" | ".join(f"{r[k]:>20.3f}" if isinstance(r[k], float) else f"{r[k]:>20}" for k in keys))
-    out = os.path.join(cfg.train.run_dir, "eval_scaling.json")
+    out = storage.join(cfg.train.run_dir, "eval_scaling.json")
     if jax.process_index() == 0:   # multi-process: every process has the same rows
-        os.makedirs(cfg.train.run_dir, exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(json_safe(rows), f, indent=2, allow_nan=False)
+        storage.makedirs(cfg.train.run_dir)
+        storage.write_text(out, json.dumps(json_safe(rows), indent=2, allow_nan=False))
     print(f"saved {out}")
 
 
 def _cmd_sft(args) -> None:
-    import os
-
+    from supo_jax import storage
     from supo_jax.agent.render import ChatFormat
     from supo_jax.rl.runs import build_policy, check_prompt_fits, check_run_dir, save_policy
     from supo_jax.rl.trainer import warm_start
 
     cfg = _config(args)
-    os.makedirs(cfg.train.run_dir, exist_ok=True)
+    storage.makedirs(cfg.train.run_dir)
     policy = build_policy(cfg, cfg.train.run_dir)
     check_run_dir(cfg.train.run_dir, policy)
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt)
     report = warm_start(policy, fmt, cfg)
-    out = os.path.join(cfg.train.run_dir, "sft")
+    out = storage.join(cfg.train.run_dir, "sft")
     save_policy(policy, cfg, out, out + "_peft")
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in report.items() if v == v))   # nan: no figure (JSONL demos)
@@ -303,11 +301,9 @@ def _cmd_rollout(args) -> None:
 
 
 def _cmd_sweep(args) -> None:
-    import os
+    from supo_jax import storage, sweep
 
-    from supo_jax import sweep
-
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
+    if storage.isfile(args.out):
         raise ValueError(f"--out {args.out}: is a file, not a directory")
     host, hosts = (_env_int("SUPO_JAX_SWEEP_HOST", args.host_index),
                    _env_int("SUPO_JAX_SWEEP_HOSTS", args.host_count))
@@ -324,7 +320,7 @@ def _cmd_sweep(args) -> None:
     if not any(r["seeds"] for r in rep["rows"]):
         print(f"no run of this sweep has finished yet in {args.out}")
     print(rep["markdown"])
-    print(f"table: {os.path.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
+    print(f"table: {storage.join(args.out, 'sweep.md')}; plot: {rep['plot']}")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -349,9 +345,9 @@ def _cmd_plan(args) -> None:
     print(format_plan(rep))
     if args.json:
         from supo_jax.utils import provenance
-        with open(args.json, "w") as f:
-            json.dump(json_safe({**rep, "provenance": provenance()}), f, indent=2,
-                      allow_nan=False)
+        from supo_jax import storage
+        storage.write_text(args.json, json.dumps(json_safe({**rep, "provenance": provenance()}),
+                                                 indent=2, allow_nan=False))
         print(f"wrote {args.json}")
     bad = [n for n, p in rep["programs"].items() if not p["fits"] and n not in COMPARISONS]
     bad += [f"the {n} phase" for n, ph in rep["phases"].items() if not ph["fits"]]

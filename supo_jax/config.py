@@ -17,6 +17,8 @@ import types
 import typing
 from typing import Any, Sequence
 
+from supo_jax import storage
+
 from supo_jax.agent.context import NO_ANSWER, ContextConfig
 from supo_jax.rl.configs import SCHEDULES, AdvantageConfig, LossConfig
 from supo_jax.text.templates import SUMMARY_INSTRUCTION
@@ -405,7 +407,7 @@ def validate(cfg: Config) -> Config:
                 "demonstrations as a JSONL of chat messages (sft.demos=PATH), register an expert "
                 "(supo_jax.envs.experts), or train without SFT (train.sft_warm_start=false, for "
                 "a pretrained model: model.path=...)")
-    elif warm and not os.path.isfile(cfg.sft.demos):
+    elif warm and not storage.isfile(cfg.sft.demos):
         raise ConfigError(f"sft.demos={cfg.sft.demos!r}: no such file ('expert' or a JSONL path)")
     if warm and (cfg.sft.steps < 1 or (cfg.sft.demos == "expert" and cfg.sft.num_demos < 1)):
         raise ConfigError(f"sft.steps={cfg.sft.steps}, sft.num_demos={cfg.sft.num_demos}: an SFT "
@@ -418,7 +420,8 @@ def validate(cfg: Config) -> Config:
         if get(cfg, key) < 0:
             raise ConfigError(f"{key}={get(cfg, key)}: must be >= 0"
                               + (f" ({zero})" if zero else ""))
-    if os.path.exists(cfg.train.run_dir) and not os.path.isdir(cfg.train.run_dir):
+    if (not storage.is_url(cfg.train.run_dir) and os.path.exists(cfg.train.run_dir)
+            and not os.path.isdir(cfg.train.run_dir)):
         raise ConfigError(f"train.run_dir={cfg.train.run_dir!r} is a file, not a directory")
     if cfg.rollout.tensor < 0:
         raise ConfigError(f"rollout.tensor={cfg.rollout.tensor}: the sampler's tensor-group size "
@@ -570,14 +573,13 @@ def _config_file(path: str) -> Config:
 def saved_config(run_dir: str) -> dict | None:
     """The settings a run directory holds (its config.json as saved), None where it has none;
     an unreadable one is a ConfigError naming the file."""
-    fn = os.path.join(run_dir, "config.json")
-    return _read_json(fn) if os.path.isfile(fn) else None
+    fn = storage.join(run_dir, "config.json")
+    return _read_json(fn) if storage.isfile(fn) else None
 
 
 def _read_json(fn: str) -> dict:
     try:
-        with open(fn) as f:
-            d = json.load(f)
+        d = json.loads(storage.read_text(fn))
     except (OSError, ValueError) as e:
         raise ConfigError(f"{fn} is not a readable run config ({e})") from None
     if not isinstance(d, dict):

@@ -486,9 +486,9 @@ def _compile(name, fn, args, kwargs, mesh, dump):
     with mesh_scope(mesh):
         compiled = fn.lower(*args, **kwargs).compile()
     if dump:
-        os.makedirs(dump, exist_ok=True)
-        with open(os.path.join(dump, f"{name}.hlo.txt"), "w") as f:
-            f.write(compiled.as_text())
+        from supo_jax import storage
+        storage.makedirs(dump)
+        storage.write_text(storage.join(dump, f"{name}.hlo.txt"), compiled.as_text())
     return compiled
 
 

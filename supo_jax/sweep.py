@@ -32,13 +32,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import re
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 
+from supo_jax import storage
 from supo_jax.agent.context import OWN_DEMONSTRATIONS
 from supo_jax.config import (RESUMABLE_KEYS, Config, ConfigError, config_changes,
                              load_config, saved_config)
@@ -117,7 +117,7 @@ WARM_KEYS = ("sft.", "model.", "env.", "train.init_from", "train.sft_warm_start"
 
 
 def warm_start_dir(out: str, seed: int) -> str:
-    return os.path.join(out, "warm_start", f"seed{seed}")
+    return storage.join(out, "warm_start", f"seed{seed}")
 
 
 def warm_start_once(cfg: Config, out: str, log: Callable[[str], None] = print) -> tuple[str, dict]:
@@ -127,19 +127,16 @@ def warm_start_once(cfg: Config, out: str, log: Callable[[str], None] = print) -
     from supo_jax.rl.runs import build_policy
     from supo_jax.rl.trainer import warm_start
 
-    hf, meta = os.path.join(out, "sft"), os.path.join(out, "sft.json")
-    if os.path.exists(meta) and os.path.isdir(hf):
-        with open(meta) as f:
-            return hf, json.load(f)
+    hf, meta = storage.join(out, "sft"), storage.join(out, "sft.json")
+    if storage.exists(meta) and storage.isdir(hf):
+        return hf, json.loads(storage.read_text(meta))
     log(f"{out}: the SFT warm start, on scripted demonstrations")
     t0 = time.time()
-    policy = build_policy(cfg, os.path.join(out, "sft_tokenizer"))
+    policy = build_policy(cfg, storage.join(out, "sft_tokenizer"))
     report = warm_start(policy, ChatFormat(policy.tokenizer), cfg, cfg.train.progress)
     policy.save_pretrained(hf)
     report["seconds"] = time.time() - t0
-    with open(meta + ".tmp", "w") as f:
-        json.dump(json_safe(report), f, indent=2)
-    os.replace(meta + ".tmp", meta)
+    storage.write_text(meta, json.dumps(json_safe(report), indent=2))
     return hf, report
 
 
@@ -164,14 +161,14 @@ def plan(config_path: str | None, grid_points: Sequence[dict], seeds: Sequence[i
     runs = []
     for name, point in zip(names, grid_points):
         for seed in seeds:
-            run_dir = os.path.join(out, name, f"seed{seed}")
+            run_dir = storage.join(out, name, f"seed{seed}")
             sets = [*overrides, *(f"{k}={v}" for k, v in point.items()),
                     f"train.seed={seed}", f"train.run_dir={run_dir}"]
             m = point.get("context.manager")
             shared = seed in warm and not (m in OWN_DEMONSTRATIONS
                                            and m != warm[seed].context.manager)
             if shared:
-                sets += [f"train.init_from={os.path.join(warm_start_dir(out, seed), 'sft')}",
+                sets += [f"train.init_from={storage.join(warm_start_dir(out, seed), 'sft')}",
                          "train.sft_warm_start=false"]
             runs.append(Run(name, dict(point), int(seed), run_dir, load_config(config_path, sets),
                             warm.get(seed) if shared else None))
@@ -212,17 +209,16 @@ def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
     for i, run in enumerate(runs):
         if i % host_count != host_index:
             continue
-        done = os.path.join(run.run_dir, "result.json")
-        changed = _changes(run, REUSABLE_KEYS) if os.path.exists(done) else []
-        if os.path.exists(done) and not changed:
-            with open(done) as f:
-                results.append(json.load(f))
+        done = storage.join(run.run_dir, "result.json")
+        changed = _changes(run, REUSABLE_KEYS) if storage.exists(done) else []
+        if storage.exists(done) and not changed:
+            results.append(json.loads(storage.read_text(done)))
             log(f"[{i + 1}/{len(runs)}] {run.run_dir}: finished earlier")
             continue
         log(f"[{i + 1}/{len(runs)}] {run.run_dir}" + (
             f": finished with other settings ({'; '.join(changed)}), run again" if changed else ""))
         t0 = time.time()
-        failed = os.path.join(run.run_dir, "failed.json")
+        failed = storage.join(run.run_dir, "failed.json")
         try:
             if run.warm is not None:
                 warm_fn(run.warm, run.warm.train.run_dir)
@@ -230,19 +226,16 @@ def run_sweep(runs: Sequence[Run], *, host_index: int = 0, host_count: int = 1,
         except Exception as e:     # the run's row says why; the other runs go on
             why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             log(f"[{i + 1}/{len(runs)}] {run.run_dir} failed: {why}")
-            os.makedirs(run.run_dir, exist_ok=True)
-            with open(failed, "w") as f:
-                json.dump({"seed": run.seed, "error": why}, f)
+            storage.makedirs(run.run_dir)
+            storage.write_text(failed, json.dumps({"seed": run.seed, "error": why}))
             continue
-        if os.path.exists(failed):
-            os.remove(failed)
+        if storage.exists(failed):
+            storage.remove(failed)
         res = {"name": run.name, "point": run.point, "seed": run.seed, "run_dir": run.run_dir,
                "seconds": time.time() - t0, "eval": _scalars(out.get("eval", {})),
                "eval_before": _scalars(out.get("eval_before") or {}),
                "last_step": _scalars(out["history"][-1]) if out.get("history") else {}}
-        with open(done + ".tmp", "w") as f:
-            json.dump(json_safe(res), f, indent=2, allow_nan=False)
-        os.replace(done + ".tmp", done)
+        storage.write_text(done, json.dumps(json_safe(res), indent=2, allow_nan=False))
         results.append(res)
     return results
 
@@ -261,18 +254,16 @@ def collect(runs: Sequence[Run]) -> list[dict]:
         mine = [r for r in runs if r.name == name]
         res = []
         for r in mine:
-            p = os.path.join(r.run_dir, "result.json")
-            if os.path.exists(p):
-                with open(p) as f:
-                    res.append(json.load(f))
+            p = storage.join(r.run_dir, "result.json")
+            if storage.exists(p):
+                res.append(json.loads(storage.read_text(p)))
         row = {"name": name, "point": mine[0].point, "seeds": [r["seed"] for r in res],
                "missing_seeds": [r.seed for r in mine if r.seed not in {x["seed"] for x in res}],
                "failed": []}
         for r in mine:
-            p = os.path.join(r.run_dir, "failed.json")
-            if r.seed in row["missing_seeds"] and os.path.exists(p):
-                with open(p) as f:
-                    row["failed"].append(json.load(f))
+            p = storage.join(r.run_dir, "failed.json")
+            if r.seed in row["missing_seeds"] and storage.exists(p):
+                row["failed"].append(json.loads(storage.read_text(p)))
         for k in REPORT_KEYS:
             vals = [r["eval"][k] for r in res if isinstance(r["eval"].get(k), (int, float))
                     and not np.isnan(r["eval"][k])]
@@ -330,19 +321,17 @@ def table_markdown(rows: Sequence[dict]) -> str:
 def load_rows(path: str) -> list[dict]:
     """The rows of a sweep.json: {"meta": ..., "rows": [...]} since sweeps record their
     commit, a bare list of rows before."""
-    with open(path) as f:
-        data = json.load(f)
+    data = json.loads(storage.read_text(path))
     return data["rows"] if isinstance(data, dict) else data
 
 
 def read_metrics(run_dir: str) -> list[dict]:
     from supo_jax.rl.metrics import load_row
 
-    p = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(p):
+    p = storage.join(run_dir, "metrics.jsonl")
+    if not storage.exists(p):
         return []
-    with open(p) as f:
-        return [load_row(line) for line in f if line.strip()]
+    return [load_row(line) for line in storage.read_text(p).splitlines() if line.strip()]
 
 
 def curves(run_dirs: Sequence[str], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -389,7 +378,8 @@ def plot_curves(series: dict[str, Sequence[str]], key: str, path: str, ylabel: s
         ax.text(0.5, 0.5, "no run has logged a step yet", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with storage.open(path, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -399,11 +389,11 @@ def report(runs: Sequence[Run], out: str) -> dict:
     "rows": the rows}), DIR/sweep.md and DIR/success_vs_step.png; return the rows."""
     rows = collect(runs)
     by_point = {n: [r.run_dir for r in runs if r.name == n] for n in _unique(r.name for r in runs)}
-    os.makedirs(out, exist_ok=True)
-    plot = plot_curves(by_point, "success_rate", os.path.join(out, "success_vs_step.png"),
+    storage.makedirs(out)
+    plot = plot_curves(by_point, "success_rate", storage.join(out, "success_vs_step.png"),
                        "training success rate")
-    with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump(json_safe({"meta": provenance(), "rows": rows}), f, indent=2, allow_nan=False)
+    storage.write_text(storage.join(out, "sweep.json"), json.dumps(
+        json_safe({"meta": provenance(), "rows": rows}), indent=2, allow_nan=False))
     md = table_markdown(rows)
     shared = sorted({r.seed for r in runs if r.warm is not None})
     own = sorted({r.name for r in runs if r.warm is None})
@@ -411,8 +401,7 @@ def report(runs: Sequence[Run], out: str) -> dict:
             "settings, in warm_start/seed<k>, shared by every grid point of that seed"
             + (f" but {', '.join(own)} (each run its own)" if own else "") + "."
             if shared else "Warm start: each run its own (as its settings say).")
-    with open(os.path.join(out, "sweep.md"), "w") as f:
-        f.write(f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "
+    storage.write_text(storage.join(out, "sweep.md"), (f"# Sweep\n\nHeld-out eval of the starting policy (success before) and after "
                 f"training, mean ± standard error over seeds. {warm}\n\n{md}\n\n"
-                f"![success vs step]({os.path.basename(plot)})\n")
+                f"![success vs step]({plot.rstrip('/').rsplit('/', 1)[-1]})\n"))
     return {"rows": rows, "markdown": md, "plot": plot, "warm_start": warm}

@@ -71,7 +71,7 @@ def _launch(tmp_path, mode, run_exit=0):
     try:
         r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--tpu", tpu, "--zone",
                             "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", "3",
-                            "--set", "train.run_dir=/mnt/shared/run"],
+                            "--set", "train.run_dir=gs://bucket/run"],
                            capture_output=True, text=True, timeout=300, env=env)
     finally:
         if os.path.exists(f"/tmp/supo_jax_{tpu}.tar.gz"):
@@ -97,7 +97,7 @@ def test_a_preempted_slice_is_recreated_and_the_same_run_started_again(tmp_path,
         assert all("--spot" in c for c in calls if "create" in c)
     starts = [c for c in calls if "supo-jax train" in c]
     assert len(starts) == 2 and starts[0] == starts[1]
-    assert "train.run_dir=/mnt/shared/run" in starts[0]
+    assert "train.run_dir=gs://bucket/run" in starts[0]
     assert _count(calls, "tpu-vm scp") == 2
     assert "preempted (slice PREEMPTED): recreating" in r.stdout
     assert r.stdout.rstrip().endswith("finished")
@@ -117,3 +117,22 @@ def test_spot_dry_run_prints_the_watch_and_the_recreation():
     assert "queued-resources create my-tpu --zone z1 --node-id my-tpu" in r.stdout
     assert "queued-resources delete my-tpu --zone z1 --force --quiet" in r.stdout
     assert "at most 10 restarts" in r.stdout and not os.path.exists("/tmp/supo_jax_my-tpu.tar.gz")
+
+
+def test_scaling_docs_bucket_launch_command_runs_as_written():
+    """docs/SCALING.md's bucket walkthrough: its launch_tpu.sh command, as written, with
+    --dry-run: a Spot slice whose run reads the model from and writes the run to the bucket."""
+    import re
+    import shlex
+
+    with open(os.path.join(ROOT, "docs", "SCALING.md")) as f:
+        doc = f.read().split("### Run directories in a bucket", 1)[1]
+    block = re.search(r"\n    (\./launch_tpu\.sh .*?)\n    (?!    )", doc, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[0] == "./launch_tpu.sh" and "--spot" in argv
+    r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), *argv[1:], "--dry-run"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "train.run_dir=gs://BUCKET/runs/paper_fncall_supo" in r.stdout
+    assert "model.path=gs://BUCKET/ckpt/Qwen2.5-7B-Instruct" in r.stdout
+    assert "spot" in r.stdout.lower()

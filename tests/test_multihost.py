@@ -211,8 +211,10 @@ def test_rollouts_cut_at_a_budget_are_suspended_alike_on_every_process(mesh_roll
 
 
 def _metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(x) for x in f if x.strip()]
+    from supo_jax import storage
+
+    return [json.loads(x) for x in storage.read_text(storage.join(run_dir, "metrics.jsonl"))
+            .splitlines() if x.strip()]
 
 
 def test_processes_share_one_mesh_and_their_rows(mesh_rollouts):
@@ -308,14 +310,29 @@ def test_only_process_0_writes_logs_and_the_checkpoint_restores(two_process_run)
     assert any(not np.array_equal(r[k], i0[k]) for k in r)   # the two steps trained it
 
 
+@pytest.fixture
+def bucket(monkeypatch):
+    """A GCS API server on a loopback port (tests/gcs.py) that this process and the processes
+    it launches use, by STORAGE_EMULATOR_HOST alone."""
+    from tests import gcs
+
+    server, host = gcs.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+    yield f"gs://{gcs.BUCKET}"
+    server.stop()
+
+
 def test_preempted_then_killed_processes_resume_to_the_straight_runs_metrics(two_process_run,
-                                                                             tmp_path):
+                                                                             bucket):
     """Both processes of a run stop together on a SIGTERM to one of them (saving the step it
     arrived in); rerun, one is killed (kill -9) in the next step's rollouts: the other stops
     with one line naming it, within SUPO_JAX_HEARTBEAT_S / 4 and a beat; rerun again, the
-    run ends with the metrics of a run never stopped."""
+    run ends with the metrics of a run never stopped. The run directory is in a bucket (a GCS
+    API server on a loopback port, tests/gcs.py): both processes write each checkpoint there
+    and every rerun resumes from it."""
     straight, _ = two_process_run
-    run_dir = str(tmp_path / "run")
+    run_dir = f"{bucket}/multihost"
     cmd = _train_cmd(run_dir)
     # process 1 steps 2 rollouts a step: its first reset is step 1's (step 2's on a rerun)
     procs = _launch(cmd, N, 1, SUPO_JAX_TEST_STOP="1:1:TERM")

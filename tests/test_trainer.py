@@ -191,6 +191,71 @@ def test_kill_9_and_rerun_resumes_exactly(straight_run, tmp_path):
     same_run(_metrics(d), _metrics(ref))
 
 
+@pytest.fixture(scope="module")
+def bucket_env():
+    """A GCS API server (tests/gcs.py) and the trainer subprocesses' environment pointing
+    at it by STORAGE_EMULATOR_HOST alone; this process reads the bucket the same way."""
+    from tests import gcs
+
+    server, host = gcs.start()
+    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = host
+    env = {k: v for k, v in ENV.items() if k != "TENSORSTORE_GCS_HTTP_URL"}
+    yield {**env, "STORAGE_EMULATOR_HOST": host}, f"gs://{gcs.BUCKET}"
+    server.stop()
+    if old is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = old
+
+
+def test_a_run_in_a_bucket_killed_and_rerun_resumes_exactly_and_exports_there(straight_run,
+                                                                              bucket_env):
+    """train.run_dir=gs://...: checkpoints, metrics.jsonl, TensorBoard events, config and the
+    HF export go to the bucket; kill -9 after a checkpoint and rerun: the straight run's
+    metrics, and its exported policy, loaded back from the bucket."""
+    from supo_jax import storage
+    from supo_jax.model.policy import load_policy
+
+    ref, _ = straight_run
+    env, bucket = bucket_env
+    d = storage.join(bucket, "killed")
+    p = subprocess.Popen(_cmd(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        if storage.isdir(storage.join(d, "checkpoints", "2")) or p.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert p.poll() is None, "the run finished before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = subprocess.run(_cmd(d), env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout and f"HF export: {d}/hf" in r.stdout
+    rows = [json.loads(x) for x in storage.read_text(storage.join(d, "metrics.jsonl")).splitlines()]
+    same_run([{k: v for k, v in row.items() if not k.endswith("_seconds")} for row in rows],
+             _metrics(ref))
+    assert any(f.startswith("events.out.tfevents") for f in storage.listdir(storage.join(d, "tb")))
+    assert json.loads(storage.read_text(storage.join(d, "config.json")))["train"]["run_dir"] == d
+    got, want = (load_policy(x).split()[1] for x in (storage.join(d, "hf"), os.path.join(ref, "hf")))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def test_a_bucket_that_refuses_writes_stops_the_run_in_one_line(bucket_env):
+    from tests import gcs
+
+    env, bucket = bucket_env
+    with gcs.refusing():
+        r = subprocess.run(_cmd(f"{bucket}/refused"), env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = [ln for ln in r.stderr.splitlines() if "supo-jax train" in ln]
+    assert err == [f"supo-jax train: error: train.run_dir {bucket}/refused: cannot write there "
+                   f"(OSError: Forbidden: {err[0].split('Forbidden: ', 1)[-1]}"], r.stderr[-2000:]
+    assert "saved" not in r.stdout and "export" not in r.stdout
+
+
 def test_corrupt_latest_checkpoint_falls_back(tmp_path):
     ck = RunCheckpoints(str(tmp_path / "ck"), keep=3, async_save=False)
     tree = {"w": jax.numpy.arange(6.0), "b": jax.numpy.ones(3)}

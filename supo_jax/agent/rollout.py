@@ -895,9 +895,9 @@ def rollout_phase(actor: Actor, make_env: Callable[[], object], items: Sequence[
 
 
 def write_jsonl(rollouts: Sequence[Rollout], path: str) -> None:
-    with open(path, "w") as f:
-        for r in rollouts:
-            f.write(json.dumps(r.to_json()) + "\n")
+    from supo_jax import storage
+
+    storage.write_text(path, "".join(json.dumps(r.to_json()) + "\n" for r in rollouts))
 
 
 def _share(xs):

@@ -45,6 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from supo_jax import storage
+
 # target name (model.lora_targets) -> the decoder's stacked weight
 TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "w_up",
            "down": "w_down"}
@@ -191,7 +193,7 @@ def peft_names(name: str, i: int) -> tuple[str, str]:
 def save_peft(model, out_dir: str, base_model: str) -> None:
     """Write `model`'s adapters as a PEFT LoRA adapter (adapter_config.json,
     adapter_model.safetensors) for the base at `base_model` (its HF directory or hub id)."""
-    from supo_jax.model.weights import _LAYER_HF, host_array, write_safetensors
+    from supo_jax.model.weights import host_array
 
     lora = model.lora
     if lora is None:
@@ -208,7 +210,13 @@ def save_peft(model, out_dir: str, base_model: str) -> None:
             tensors.append((nb, bi.shape, bi.dtype, lambda x=bi: x))
     if jax.process_index() != 0:
         return
-    os.makedirs(out_dir, exist_ok=True)
+    with storage.staged_dir(out_dir) as d:
+        _write_peft(d, lora, base_model, tensors)
+
+
+def _write_peft(out_dir: str, lora, base_model, tensors) -> None:
+    from supo_jax.model.weights import _LAYER_HF, write_safetensors
+
     modules = sorted({_LAYER_HF[TARGETS[t]][0].split(".")[-2] for t in lora.targets})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
               "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": 0.0,
@@ -235,10 +243,9 @@ def read_peft_config(path: str) -> dict:
     """adapter_config.json of a PEFT LoRA directory; ValueError naming what is wrong or what
     it sets that these adapters cannot reproduce (UNSUPPORTED_PEFT, a bias, a rank_pattern
     rank other than r). alpha_pattern loads (load_peft)."""
-    fn = os.path.join(path, "adapter_config.json")
+    fn = storage.join(path, "adapter_config.json")
     try:
-        with open(fn) as f:
-            cfg = json.load(f)
+        cfg = json.loads(storage.read_text(fn))
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{fn}: not a readable PEFT adapter config ({e})") from None
     if cfg.get("peft_type") != "LORA":
@@ -296,7 +303,12 @@ def peft_adapters(path: str, lora: LoRA, shapes: dict) -> dict:
     if (want.rank, set(want.targets)) != (lora.rank, set(lora.targets)):
         raise ValueError(f"{path}: adapter of rank {want.rank} on {','.join(want.targets)}; "
                          f"the model has {lora.rank} on {','.join(lora.targets)}")
-    source = safetensors_source(path, "adapter_model.safetensors")
+    with storage.local_copy(storage.join(path, "adapter_model.safetensors")) as fn:
+        source = safetensors_source(os.path.dirname(fn), os.path.basename(fn))
+        return _stacked_adapters(path, source, cfg, lora, shapes)
+
+
+def _stacked_adapters(path, source, cfg, lora, shapes) -> dict:
     out = {}
     for t in lora.targets:
         name = TARGETS[t]

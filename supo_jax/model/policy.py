@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from supo_jax import storage
 from supo_jax.model.config import ModelConfig
 from supo_jax.model.decoder import Decoder
 from supo_jax.model.gguf_io import gguf_tokenizer, open_gguf
@@ -82,8 +83,14 @@ class Policy:
     def save_pretrained(self, out_dir: str, *, adapters: bool = True) -> None:
         """Write config.json + model.safetensors (+ tokenizer files) loadable by transformers.
         With LoRA adapters (supo_jax.model.lora), the adapters merged into the weights (an
-        int8 base dequantized); adapters=False writes the base alone."""
-        os.makedirs(out_dir, exist_ok=True)
+        int8 base dequantized); adapters=False writes the base alone. `out_dir` may be a
+        bucket's URL (supo_jax.storage): written locally, then uploaded by process 0."""
+        if jax.process_index() != 0:   # it only joins the collective gathers
+            return self._save_pretrained(out_dir, adapters)
+        with storage.staged_dir(out_dir) as local:
+            self._save_pretrained(local, adapters)
+
+    def _save_pretrained(self, out_dir: str, adapters: bool) -> None:
         cfg = self.config
         params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
         if any(k.endswith(("_lora_a", "_lora_b", "_scale")) for k in params["layers"]):
@@ -126,6 +133,9 @@ def load_tokenizer(path: str):
     """A transformers tokenizer from an HF model directory or from a .gguf file's metadata."""
     from transformers import AutoTokenizer
 
+    if storage.is_url(path):
+        with storage.local_copy(path) as local:
+            return load_tokenizer(local)
     if str(path).endswith(".gguf"):
         return gguf_tokenizer(path)
     if not os.path.isdir(path):
@@ -189,7 +199,8 @@ def resolve_model_path(path: str) -> str:
     when online, read from the cache when offline (HF_HUB_OFFLINE=1). A missing model is one
     FileNotFoundError saying where it looked."""
     path = os.fspath(path)
-    if os.path.exists(path) or not _HUB_ID.fullmatch(path) or path.endswith(".gguf"):
+    if (storage.is_url(path) or os.path.exists(path) or not _HUB_ID.fullmatch(path)
+            or path.endswith(".gguf")):
         return path
     from huggingface_hub import constants, snapshot_download
 
@@ -218,6 +229,12 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
     options: the Decoder's remat / attention / precision (supo_jax.model.decoder.Decoder).
     """
     path = resolve_model_path(path)
+    if storage.is_url(path):   # a bucket's: read from a local copy
+        if not storage.exists(path):
+            raise FileNotFoundError(f"model path {path!r} does not exist")
+        with storage.local_copy(path) as local:
+            return load_policy(local, dtype, mesh, compute_dtype=compute_dtype,
+                               tokenizer=tokenizer, **options)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):   # a PEFT LoRA adapter
         from supo_jax.model.lora import add_adapters, load_peft, peft_lora, read_peft_config
 

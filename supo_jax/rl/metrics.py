@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 
+from supo_jax import storage
 from supo_jax.agent.rollout import summarize
 from supo_jax.rl.multihost import is_main
 
@@ -98,29 +98,27 @@ class MetricsLog:
     """metrics.jsonl (one object per step) + TensorBoard event files, process 0 only."""
 
     def __init__(self, run_dir: str, resume_step: int):
-        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.path = storage.join(run_dir, "metrics.jsonl")
         self.tb = None
         self.kept: list[dict] = []   # rows of the steps before a resume
         if not is_main():
             return
         kept = []
-        if os.path.exists(self.path):  # drop rows of steps that will be replayed
-            with open(self.path) as f:
-                kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
-        with open(self.path, "w") as f:
-            f.writelines(kept)
+        if storage.exists(self.path):  # drop rows of steps that will be replayed
+            kept = [ln + "\n" for ln in storage.read_text(self.path).splitlines()
+                    if ln.strip() and json.loads(ln)["step"] <= resume_step]
+        storage.write_text(self.path, "".join(kept))
         self.kept = [load_row(ln) for ln in kept]
         try:
             from tensorboardX import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            self.tb = SummaryWriter(storage.join(run_dir, "tb"))
         except ImportError:  # pragma: no cover - tensorboardX is a dependency
             self.tb = None
 
     def write(self, row: dict) -> None:
         if not is_main():
             return
-        with open(self.path, "a") as f:
-            f.write(dump_row(row) + "\n")
+        storage.append_text(self.path, dump_row(row) + "\n")
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
@@ -131,11 +129,10 @@ class MetricsLog:
         """The eval row of `step`, replacing one already there (a finished run rerun is
         evaluated again)."""
         if is_main():
-            with open(self.path) as f:
-                lines = [ln for ln in f if ln.strip()]
-            with open(self.path, "w") as f:
-                f.writelines(ln for ln in lines if not ((d := json.loads(ln))["step"] == step
-                                                        and "loss" not in d))
+            lines = [ln + "\n" for ln in storage.read_text(self.path).splitlines() if ln.strip()]
+            storage.write_text(self.path, "".join(
+                ln for ln in lines if not ((d := json.loads(ln))["step"] == step
+                                           and "loss" not in d)))
         self.write({"step": step, **row})
 
     def close(self):

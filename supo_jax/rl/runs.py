@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from jax.sharding import Mesh
 
+from supo_jax import storage
 from supo_jax.config import Config, ConfigError, ModelSection, config_changes, saved_config
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import start_state
@@ -83,8 +83,8 @@ def env_corpus(cfg: Config, n: int = 24) -> list[str]:
             texts.append(expert.act(msgs, True))
         except Exception:   # noqa: BLE001
             continue
-    if cfg.sft.demos != "expert" and os.path.isfile(cfg.sft.demos):
-        with open(cfg.sft.demos) as f:
+    if cfg.sft.demos != "expert" and storage.isfile(cfg.sft.demos):
+        with storage.open(cfg.sft.demos) as f:
             texts += [_demo_text(line) for _, line in zip(range(256), f)]
     return texts
 
@@ -121,7 +121,7 @@ def load_configured_policy(path: str, m: ModelSection, *, mesh: Mesh | None = No
     base_model_name_or_path, with the adapter's weights)."""
     from supo_jax.model.lora import load_peft, peft_lora, read_peft_config
 
-    peft = os.path.isfile(os.path.join(path, "adapter_config.json"))
+    peft = storage.isfile(storage.join(path, "adapter_config.json"))
     base = path
     if peft:
         pc = read_peft_config(path)
@@ -164,7 +164,7 @@ def adapter_base(cfg: Config) -> str | None:
     path = cfg.train.init_from or cfg.model.path
     if not path or cfg.model.lora_base_dtype:
         return None
-    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+    if storage.isfile(storage.join(path, "adapter_config.json")):
         return cfg.model.path or read_peft_config(path).get("base_model_name_or_path")
     return path
 
@@ -185,9 +185,9 @@ def save_adapters(policy: Policy, cfg: Config, out: str) -> None:
 
     base = adapter_base(cfg)
     if base is None:
-        base = os.path.join(cfg.train.run_dir, "base")
+        base = storage.join(cfg.train.run_dir, "base")
         policy.save_pretrained(base, adapters=False)
-    save_peft(policy.model, out, os.path.abspath(base) if os.path.exists(base) else base)
+    save_peft(policy.model, out, storage.abspath(base) if storage.exists(base) else base)
     barrier("supo_jax:peft:written")
 
 
@@ -206,15 +206,20 @@ def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = No
     from supo_jax.model.policy import load_tokenizer
     from supo_jax.model.tiny import tiny_config
 
-    tok_dir = os.path.join(run_dir, "tokenizer") if run_dir else None
-    fresh = not (tok_dir and os.path.isdir(tok_dir))
+    tok_dir = storage.join(run_dir, "tokenizer") if run_dir else None
+    fresh = not (tok_dir and storage.isdir(tok_dir))
     barrier("supo_jax:tokenizer:looked")   # every process looked before process 0 writes
     tok = None
     if fresh and (is_main() or not tok_dir):
-        tok = env_tokenizer(cfg, tok_dir)
+        if tok_dir is None:
+            tok = env_tokenizer(cfg)
+        else:
+            with storage.staged_dir(tok_dir) as d:
+                tok = env_tokenizer(cfg, d)
     barrier("supo_jax:tokenizer:written")  # the others load process 0's tokenizer
     if tok is None:
-        tok = load_tokenizer(tok_dir)
+        with storage.local_copy(tok_dir) as d:
+            tok = load_tokenizer(d)
     vocab = int(math.ceil(len(tok) / 8) * 8)
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,
                      heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, mlp=m.tiny_mlp)
@@ -261,12 +266,11 @@ def row_len(cfg: Config, fmt: ChatFormat) -> int:
 def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None:
     """Refuse a run directory whose run.json names a different model, naming the directory
     and the architecture fields that differ; record=True writes run.json if absent."""
-    meta = os.path.join(run_dir, "run.json")
+    meta = storage.join(run_dir, "run.json")
     fp, sig = model_fingerprint(policy), model_signature(policy)
     old = None
-    if os.path.exists(meta):
-        with open(meta) as f:
-            old = json.load(f)
+    if storage.exists(meta):
+        old = json.loads(storage.read_text(meta))
     barrier("supo_jax:run.json:read")   # every process read it before process 0 writes
     if old is not None and old.get("model_fingerprint") != fp:
         was = old.get("model") or {}
@@ -276,8 +280,7 @@ def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None
                          f"({diff or 'model fingerprint ' + str(old.get('model_fingerprint'))}); "
                          "use another train.run_dir or that run's model settings")
     if old is None and record and is_main():
-        with open(meta, "w") as f:
-            json.dump({"model_fingerprint": fp, "model": sig}, f, indent=2)
+        storage.write_text(meta, json.dumps({"model_fingerprint": fp, "model": sig}, indent=2))
 
 
 def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None:
@@ -297,8 +300,8 @@ def check_resume_config(run_dir: str, cfg: Config, steps: Sequence[int]) -> None
             + "\n  ".join(changes) + "\nstart a new run with another train.run_dir, or continue "
             "this one with the new settings: --set train.accept_config_change=true")
     if is_main():
-        os.replace(os.path.join(run_dir, "config.json"),
-                   os.path.join(run_dir, f"config.step{max(steps)}.json"))
+        storage.replace(storage.join(run_dir, "config.json"),
+                        storage.join(run_dir, f"config.step{max(steps)}.json"))
         print(f"resuming {run_dir} with changed settings ({'; '.join(changes)}); the old "
               f"config is kept as config.step{max(steps)}.json")
 

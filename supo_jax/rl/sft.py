@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from supo_jax import storage
 from supo_jax.agent.context import ContextConfig, Segment
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import ScriptedActor, run_rollouts
@@ -159,7 +160,7 @@ def jsonl_segments(fmt: ChatFormat, path: str, default_tools=None,
     transcript, when its reward is positive). A bad line, or a row longer than `max_len`
     tokens, fails naming its number."""
     out, failed = [], 0
-    with open(path) as f:
+    with storage.open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -212,8 +213,6 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
     step go to ckpt_dir (an Orbax checkpoint, collective) and SFTStopped is raised; a later
     call with the same arguments and ckpt_dir goes on from that step as if never stopped
     (the batches are redrawn from the seed) and removes ckpt_dir when it ends."""
-    import shutil
-
     import optax
     from flax import nnx
 
@@ -258,5 +257,5 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
             raise SFTStopped(f"stopped after SFT step {step + 1} of {steps}, saved in {ckpt_dir}")
     if ckpts is not None:
         ckpts.close()
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        storage.rmtree(ckpt_dir)
     return history

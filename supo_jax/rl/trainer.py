@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from typing import Callable, Sequence
 
@@ -34,6 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from supo_jax import storage
 from supo_jax.agent.context import ENV_FAILURES, ContextConfig
 from supo_jax.agent.render import ChatFormat
 from supo_jax.agent.rollout import PolicyActor, Rollout, Suspended, rollout_phase, summarize
@@ -480,7 +480,7 @@ def open_run(cfg: Config, stop: Callable[[], bool] | None = None) -> Run:
     # meanwhile got a LazyModule ('LazyModule' object is not callable in humanize)
     builder_class()
     run_dir = cfg.train.run_dir
-    os.makedirs(run_dir, exist_ok=True)
+    storage.ensure_dir(run_dir, "train.run_dir")
     mesh = make_run_mesh(cfg)
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()}: mesh "
@@ -492,11 +492,11 @@ def open_run(cfg: Config, stop: Callable[[], bool] | None = None) -> Run:
     fmt = ChatFormat(policy.tokenizer)
     check_prompt_fits(cfg, fmt)
     check_run_dir(run_dir, policy, record=True)
-    ckpts = RunCheckpoints(os.path.join(run_dir, "checkpoints"), keep=cfg.train.keep)
+    ckpts = RunCheckpoints(storage.join(run_dir, "checkpoints"), keep=cfg.train.keep)
     check_resume_config(run_dir, cfg, ckpts.steps())
     if is_main():
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(to_dict(cfg), f, indent=2, default=str)
+        storage.write_text(storage.join(run_dir, "config.json"),
+                           json.dumps(to_dict(cfg), indent=2, default=str))
     o = cfg.optim
     tx = make_optimizer(o.lr, weight_decay=o.weight_decay, clip_norm=o.clip_norm)
     graphdef, params = policy.split()
@@ -527,14 +527,14 @@ def open_run(cfg: Config, stop: Callable[[], bool] | None = None) -> Run:
             and cfg.train.sft_warm_start):
         try:   # a SIGTERM (stop) ends it between SFT steps; a rerun goes on from there
             run.report.update(warm_start(policy, fmt, cfg, cfg.train.progress, stop=stop,
-                                         ckpt_dir=os.path.join(run_dir, "sft_progress")))
+                                         ckpt_dir=storage.join(run_dir, "sft_progress")))
         except SFTStopped as e:
             ckpts.close()
             raise Preempted(f"{e}; rerun the same command to resume") from None
         # the warm start as an HF directory, as `supo-jax sft` saves it: a policy to score
         # (experiments/reeval.py), roll out or train from (train.init_from)
-        save_policy(policy, cfg, os.path.join(run_dir, "sft"),   # collective; process 0 writes
-                    os.path.join(run_dir, "sft_peft"))
+        save_policy(policy, cfg, storage.join(run_dir, "sft"),   # collective; process 0 writes
+                    storage.join(run_dir, "sft_peft"))
         barrier("supo_jax:sft:written")
         run.graphdef, run.params = policy.split()
         run.opt_state = init_opt_state(tx, run.params, mesh)
@@ -556,7 +556,7 @@ def reference_params(run: Run) -> nnx.State:
     from supo_jax.rl.runs import save_adapters
 
     lora = run.policy.model.lora
-    path = os.path.join(run.cfg.train.run_dir, "reference")
+    path = storage.join(run.cfg.train.run_dir, "reference")
     if run.start == 0:
         if lora is not None:
             save_adapters(run.policy, run.cfg, path)
@@ -564,7 +564,7 @@ def reference_params(run: Run) -> nnx.State:
             run.policy.save_pretrained(path)     # collective gathers; process 0 writes
         barrier("supo_jax:reference:written")
         return jax.tree.map(jnp.copy, trainable(run.params))   # train_step donates the params
-    if not os.path.isfile(os.path.join(path, "adapter_config.json" if lora else "config.json")):
+    if not storage.isfile(storage.join(path, "adapter_config.json" if lora else "config.json")):
         raise ConfigError(
             f"loss.kl_coef > 0 needs the run's reference policy, {path}, which this run did not "
             "write (it started without the KL penalty, or with LoRA adapters before supo_jax "
@@ -756,14 +756,14 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
     metrics_log.close()
     result = {"history": history, "eval": final, "eval_scaling": scaling, **run.report}
     if is_main():
-        with open(os.path.join(t.run_dir, "eval.json"), "w") as f:
-            json.dump(json_safe({"eval": final, "eval_scaling": scaling, **run.report}), f,
-                      indent=2, default=str, allow_nan=False)
-    export = os.path.join(t.run_dir, "hf")
-    save_policy(run.policy, cfg, export, os.path.join(t.run_dir, "peft"))   # collective
+        storage.write_text(storage.join(t.run_dir, "eval.json"), json.dumps(
+            json_safe({"eval": final, "eval_scaling": scaling, **run.report}), indent=2,
+            default=str, allow_nan=False))
+    export = storage.join(t.run_dir, "hf")
+    save_policy(run.policy, cfg, export, storage.join(t.run_dir, "peft"))   # collective
     result["export"] = export
     if run.policy.model.lora is not None:
-        result["peft"] = os.path.join(t.run_dir, "peft")
+        result["peft"] = storage.join(t.run_dir, "peft")
     return result
 
 

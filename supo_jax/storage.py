@@ -1,0 +1,232 @@
+"""Run files on a local disk or in a bucket: every read and write of a run's files (run
+directories, checkpoints, exports, demonstrations, sweep tables, `--out` and `plan --json`
+files) goes through these functions, which take a local path or a URL (`gs://bucket/path`,
+or any scheme fsspec knows). Local paths keep the os module's behaviour; URLs go through
+fsspec (gcsfs for gs://), and Orbax writes arrays to them through tensorstore.
+
+Google's clients read STORAGE_EMULATOR_HOST (a GCS API server to use instead of
+storage.googleapis.com, e.g. an emulator); gcsfs and google-cloud-storage (TensorBoard's
+writer) read it themselves, and tensorstore, which has its own variable, gets
+TENSORSTORE_GCS_HTTP_URL derived from it here (configure()). With it set, requests go
+unauthenticated, as emulators expect, and gcsfs does not ask for the bucket's type (a gRPC
+API emulators lack).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+
+def is_url(path) -> bool:
+    """A path with a scheme other than file:// (gs://bucket/dir)."""
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def configure() -> None:
+    """Point tensorstore (Orbax's array writer) at STORAGE_EMULATOR_HOST when that is set and
+    tensorstore's own endpoint is not, and quiet gcsfs's warnings about the credentials an
+    emulator does not need. Called before any remote access (cheap)."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if host:
+        url = host if "://" in host else f"http://{host}"
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url.rstrip("/"))
+        # gcsfs asks GCS's gRPC control API for each bucket's type (zonal, hierarchical),
+        # which an emulator does not serve: it retries for minutes. A plain bucket it is.
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        logging.getLogger("gcsfs").setLevel(logging.ERROR)
+
+
+def filesystem(path):
+    """(fsspec filesystem, path within it) of a URL."""
+    import fsspec
+
+    configure()
+    opts = {}
+    if str(path).startswith(("gs://", "gcs://")):
+        # listings are not cached: another process (a resumed run, another host) may have
+        # written since; with an emulator, no credentials
+        opts["use_listings_cache"] = False
+        host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+        if host:   # (the endpoint also keys fsspec's cache of filesystems)
+            opts["token"] = "anon"
+            opts["endpoint_url"] = (host if "://" in host else f"http://{host}").rstrip("/")
+    return fsspec.core.url_to_fs(str(path), **opts)
+
+
+def join(path, *parts) -> str:
+    if not is_url(path):
+        return os.path.join(path, *parts)
+    out = str(path).rstrip("/")
+    for p in parts:
+        out = f"{out}/{str(p).strip('/')}"
+    return out
+
+
+def dirname(path) -> str:
+    if not is_url(path):
+        return os.path.dirname(path)
+    scheme, rest = str(path).rstrip("/").split("://", 1)
+    return f"{scheme}://{rest.rsplit('/', 1)[0]}" if "/" in rest else str(path)
+
+
+def abspath(path) -> str:
+    return str(path) if is_url(path) else os.path.abspath(path)
+
+
+def exists(path) -> bool:
+    if not is_url(path):
+        return os.path.exists(path)
+    fs, p = filesystem(path)
+    return fs.exists(p)
+
+
+def isfile(path) -> bool:
+    if not is_url(path):
+        return os.path.isfile(path)
+    fs, p = filesystem(path)
+    return fs.isfile(p)
+
+
+def isdir(path) -> bool:
+    """A directory; in a bucket, a prefix that holds at least one object."""
+    if not is_url(path):
+        return os.path.isdir(path)
+    fs, p = filesystem(path)
+    return fs.isdir(p)
+
+
+def listdir(path) -> list[str]:
+    """The names in a directory (in a bucket: under a prefix), not full paths."""
+    if not is_url(path):
+        return os.listdir(path)
+    fs, p = filesystem(path)
+    return [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)]
+
+
+def makedirs(path) -> None:
+    """mkdir -p; in a bucket nothing (prefixes exist once an object is written under them)."""
+    if not is_url(path):
+        os.makedirs(path, exist_ok=True)
+
+
+def remove(path) -> None:
+    if not is_url(path):
+        os.remove(path)
+        return
+    fs, p = filesystem(path)
+    fs.rm_file(p)
+
+
+def rmtree(path) -> None:
+    """Remove a directory and everything under it; nothing if it does not exist."""
+    if not is_url(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    fs, p = filesystem(path)
+    if fs.exists(p):
+        fs.rm(p, recursive=True)
+
+
+def ensure_dir(path, what: str = "the directory") -> None:
+    """Create a directory (locally) and check that files can be written there: in a bucket,
+    by writing and deleting a small object, so that a missing bucket, a read-only one or
+    missing credentials stop a run at its start with one line (an OSError) naming `what`."""
+    if not is_url(path):
+        os.makedirs(path, exist_ok=True)
+        return
+    probe = join(path, f".write_check.{os.getpid()}")
+    try:
+        write_text(probe, "supo_jax write check")
+        remove(probe)
+    except Exception as e:   # noqa: BLE001  (gcsfs's HttpError, PermissionError, auth errors)
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        raise OSError(f"{what} {path}: cannot write there ({type(e).__name__}: {why})") from None
+
+
+def open(path, mode: str = "r"):  # noqa: A001 - the builtin's counterpart
+    """A file object; text modes decode UTF-8. In a bucket "a" (append) is not offered: use
+    append_text()."""
+    if not is_url(path):
+        return builtins.open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    if "a" in mode:
+        raise ValueError(f"{path}: objects in a bucket cannot be appended to; use append_text")
+    fs, p = filesystem(path)
+    return fs.open(p, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def read_text(path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def write_text(path, text: str) -> None:
+    """Write a whole file at once: locally through a temporary file and a rename, so a reader
+    sees the old or the new file, never half of one (an object upload is already atomic)."""
+    if is_url(path):
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def append_text(path, text: str) -> None:
+    """Append to a file (a bucket's object is rewritten whole: fine for the small logs this
+    is for)."""
+    if not is_url(path):
+        with open(path, "a") as f:
+            f.write(text)
+        return
+    old = read_text(path) if exists(path) else ""
+    write_text(path, old + text)
+
+
+def replace(src, dst) -> None:
+    """Move the file src onto dst (locally os.replace, atomic; in a bucket its bytes written
+    to dst, then src deleted)."""
+    if not is_url(src) and not is_url(dst):
+        os.replace(src, dst)
+        return
+    with open(src, "rb") as f:
+        data = f.read()
+    with open(dst, "wb") as f:
+        f.write(data)
+    remove(src)
+
+
+@contextlib.contextmanager
+def local_copy(path):
+    """A local path holding `path` (a file or a directory) for code that reads only local
+    files (safetensors, tokenizers): `path` itself when local, else a temporary download."""
+    if not is_url(path):
+        yield str(path)
+        return
+    fs, p = filesystem(path)
+    with tempfile.TemporaryDirectory(prefix="supo_jax_dl_") as tmp:
+        dest = os.path.join(tmp, p.rstrip("/").rsplit("/", 1)[-1])
+        if fs.isdir(p):
+            fs.get(p.rstrip("/") + "/", dest + "/", recursive=True)
+        else:
+            fs.get(p, dest)
+        yield dest
+
+
+@contextlib.contextmanager
+def staged_dir(path):
+    """A local directory to write into for code that writes only local files (an HF
+    export): `path` itself when local; else a temporary directory uploaded to `path` (whose
+    old contents go first) when the block ends without an error."""
+    if not is_url(path):
+        os.makedirs(path, exist_ok=True)
+        yield str(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="supo_jax_up_") as tmp:
+        yield tmp
+        rmtree(path)
+        fs, p = filesystem(path)
+        fs.put(tmp.rstrip("/") + "/", p.rstrip("/") + "/", recursive=True)

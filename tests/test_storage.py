@@ -1,0 +1,88 @@
+"""Run files in a bucket (supo_jax.storage) against a GCS API server on a loopback port
+(tests/gcs.py): the same calls as on a local disk, a missing or read-only bucket one line."""
+import os
+
+import pytest
+
+from supo_jax import storage
+from tests import gcs
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    server, host = gcs.start()
+    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                                          "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    os.environ["STORAGE_EMULATOR_HOST"] = host
+    os.environ.pop("TENSORSTORE_GCS_HTTP_URL", None)
+    yield f"gs://{gcs.BUCKET}"
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_paths_join_and_split_alike_locally_and_in_a_bucket(tmp_path):
+    assert storage.join("gs://b/run/", "hf", "config.json") == "gs://b/run/hf/config.json"
+    assert storage.dirname("gs://b/run/hf") == "gs://b/run"
+    assert storage.abspath("gs://b/x") == "gs://b/x" and storage.is_url("gs://b/x")
+    assert storage.join(str(tmp_path), "a") == os.path.join(str(tmp_path), "a")
+    assert not storage.is_url(str(tmp_path)) and not storage.is_url("file:///tmp/x")
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_files_and_directories_round_trip(where, bucket, tmp_path):
+    root = storage.join(bucket, "files") if where == "bucket" else str(tmp_path / "files")
+    storage.ensure_dir(root, "the test directory")
+    f = storage.join(root, "log.jsonl")
+    storage.write_text(f, "a\n")
+    storage.append_text(f, "b\n")
+    assert storage.read_text(f) == "a\nb\n" and storage.isfile(f) and not storage.isdir(f)
+    with storage.staged_dir(storage.join(root, "hf")) as d:
+        os.makedirs(os.path.join(d, "sub"))
+        with open(os.path.join(d, "sub", "w.bin"), "wb") as fh:
+            fh.write(b"\x00\x01")
+        with open(os.path.join(d, "config.json"), "w") as fh:
+            fh.write("{}")
+    assert sorted(storage.listdir(storage.join(root, "hf"))) == ["config.json", "sub"]
+    with storage.local_copy(storage.join(root, "hf")) as d:
+        with open(os.path.join(d, "sub", "w.bin"), "rb") as fh:
+            assert fh.read() == b"\x00\x01"
+    storage.replace(f, storage.join(root, "old.jsonl"))
+    assert not storage.exists(f) and storage.read_text(storage.join(root, "old.jsonl")) == "a\nb\n"
+    storage.rmtree(storage.join(root, "hf"))
+    assert not storage.exists(storage.join(root, "hf"))
+    assert sorted(storage.listdir(root)) == ["old.jsonl"]
+
+
+def test_a_missing_or_read_only_bucket_is_one_line_naming_the_setting(bucket):
+    with pytest.raises(OSError, match=r"^train.run_dir gs://no-such-bucket/run: cannot write "
+                                      r"there \(FileNotFoundError"):
+        storage.ensure_dir("gs://no-such-bucket/run", "train.run_dir")
+    with gcs.refusing(), pytest.raises(OSError, match=r"cannot write there .*Forbidden"):
+        storage.ensure_dir(storage.join(bucket, "run"), "train.run_dir")
+    assert not storage.exists(storage.join(bucket, "run"))
+
+
+def test_tensorstore_endpoint_is_derived_from_storage_emulator_host(bucket):
+    """Orbax writes arrays through tensorstore, which reads its own variable: the project
+    sets it from STORAGE_EMULATOR_HOST, and a checkpoint round-trips through the bucket."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from supo_jax.checkpoint import RunCheckpoints
+
+    ck = RunCheckpoints(storage.join(bucket, "ck"), keep=2, async_save=True)
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == os.environ["STORAGE_EMULATOR_HOST"]
+    tree = {"w": jnp.arange(6.0), "b": jnp.ones((2, 3))}
+    for step in (1, 2, 3):
+        ck.save(step, {k: v * step for k, v in tree.items()}, {"n": jnp.array(step)},
+                {"step": step})
+    ck.wait()
+    assert ck.steps() == [2, 3]
+    step, params, opt, meta = ck.restore_latest(tree, {"n": jnp.array(0)})
+    assert step == 3 and meta == {"step": 3} and int(opt["n"]) == 3
+    np.testing.assert_array_equal(params["b"], np.ones((2, 3)) * 3)
+    ck.close()
