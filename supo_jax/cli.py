@@ -89,13 +89,13 @@ def _run_config(args):
     the directory has none. A --config file whose settings differ from the saved ones is an
     error that lists the differences."""
     import dataclasses
-    import os
 
     from supo_jax.config import (ConfigError, apply_overrides, config_changes, describe,
                                  from_dict, saved_config)
+    from supo_jax.storage import join
 
     cfg = _config(args, announce=False)
-    fn = os.path.join(cfg.train.run_dir, "config.json")
+    fn = join(cfg.train.run_dir, "config.json")
     saved = saved_config(cfg.train.run_dir)
     if saved is None:
         print(describe(args.config), flush=True)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from supo_jax import sweep
+from supo_jax import storage, sweep
 from supo_jax.cli import main
 from supo_jax.config import ConfigError
 
@@ -57,19 +57,37 @@ def _fake_train(calls):
     """A stand-in trainer: success = seed/10 (+0.5 for 'full'), three logged steps."""
     def train(cfg):
         calls.append(cfg.train.run_dir)
-        os.makedirs(cfg.train.run_dir, exist_ok=True)
+        storage.makedirs(cfg.train.run_dir)
         base = cfg.train.seed / 10 + (0.5 if cfg.context.manager == "full" else 0.0)
         hist = [{"step": s, "loss": 0.1, "success_rate": base * s / 3} for s in (1, 2, 3)]
-        with open(os.path.join(cfg.train.run_dir, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps(h) + "\n" for h in hist)
+        storage.write_text(storage.join(cfg.train.run_dir, "metrics.jsonl"),
+                           "".join(json.dumps(h) + "\n" for h in hist))
         return {"history": hist, "eval": {"success_rate": base, "tool_calls_mean": 2.0},
                 "eval_before": {"success_rate": 0.0}}
     return train
 
 
+@pytest.fixture(scope="module")
+def bucket():
+    """A GCS API server on a loopback port (tests/gcs.py), used by STORAGE_EMULATOR_HOST."""
+    from tests import gcs
+
+    server, host = gcs.start()
+    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = host
+    yield f"gs://{gcs.BUCKET}"
+    server.stop()
+    if old is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = old
+
+
 @pytest.mark.slow
-def test_run_collect_report_resume_and_host_shares(tmp_path):
-    out = str(tmp_path)
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_run_collect_report_resume_and_host_shares(tmp_path, where, request):
+    """The same sweep with its --out on a local disk and in a bucket (gs://)."""
+    out = str(tmp_path) if where == "local" else request.getfixturevalue("bucket") + "/sweep"
     runs = sweep.plan(TINY, sweep.points(sweep.parse_grid(["context.manager=supo,full"])), [0, 2], out)
     calls = []
     # two hosts: each runs every other run
@@ -90,7 +108,9 @@ def test_run_collect_report_resume_and_host_shares(tmp_path):
     assert supo["before_success"] == pytest.approx((0.0, 0.0))
     assert full["per_seed"] == [(0, 0.0, pytest.approx(0.5)), (2, 0.0, pytest.approx(0.7))]
     assert "| 0.000 / 0.000 -> 0.500 / 0.700 |" in rep["markdown"]
-    assert os.path.getsize(rep["plot"]) > 1000
+    with storage.open(rep["plot"], "rb") as f:
+        assert len(f.read()) > 1000
+    assert "0.600 ± 0.100" in storage.read_text(storage.join(out, "sweep.md"))
     steps, mean, std = sweep.curves([r.run_dir for r in runs if r.name == "manager=full"],
                                     "success_rate")
     assert list(steps) == [1, 2, 3] and mean[-1] == pytest.approx(0.6)

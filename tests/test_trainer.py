@@ -213,7 +213,8 @@ def test_a_run_in_a_bucket_killed_and_rerun_resumes_exactly_and_exports_there(st
                                                                               bucket_env):
     """train.run_dir=gs://...: checkpoints, metrics.jsonl, TensorBoard events, config and the
     HF export go to the bucket; kill -9 after a checkpoint and rerun: the straight run's
-    metrics, and its exported policy, loaded back from the bucket."""
+    metrics, and its exported policy, loaded back from the bucket; `supo-jax eval` on the
+    bucket's run evaluates its last checkpoint and writes there."""
     from supo_jax import storage
     from supo_jax.model.policy import load_policy
 
@@ -240,6 +241,11 @@ def test_a_run_in_a_bucket_killed_and_rerun_resumes_exactly_and_exports_there(st
     assert json.loads(storage.read_text(storage.join(d, "config.json")))["train"]["run_dir"] == d
     got, want = (load_policy(x).split()[1] for x in (storage.join(d, "hf"), os.path.join(ref, "hf")))
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "eval", "--set",
+                        f"train.run_dir={d}"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"policy: {d}/checkpoints step 4" in r.stdout and f"saved {d}/eval_scaling.json" in r.stdout
+    assert storage.isfile(storage.join(d, "eval_scaling.json"))
 
 
 def test_a_bucket_that_refuses_writes_stops_the_run_in_one_line(bucket_env):
