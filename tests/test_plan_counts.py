@@ -152,12 +152,25 @@ def test_paper_config_without_a_model_is_one_line_error():
     assert "\n" not in str(e.value) and "--model-config tiny" in str(e.value)
 
 
-def test_dump_writes_each_programs_hlo(tmp_path):
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_dump_writes_each_programs_hlo(tmp_path, where, monkeypatch):
+    """--dump DIR, on a local disk or in a bucket (a GCS API server on a loopback port)."""
+    from supo_jax import storage
     from supo_jax.plan import plan
 
-    rep = plan(_cfg(), "v5litepod-4", model_config="tiny", programs=("to_serving",),
-               dump=str(tmp_path / "hlo"))
-    assert "to_serving" in rep["programs"]
-    files = sorted((tmp_path / "hlo").iterdir())          # one a parameter's call
-    assert files and all(f.name.startswith("to_serving.") for f in files)
-    assert "HloModule" in files[0].read_text()
+    out = str(tmp_path / "hlo")
+    if where == "bucket":
+        from tests import gcs
+        server, host = gcs.start()
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+        out = f"gs://{gcs.BUCKET}/hlo"
+    try:
+        rep = plan(_cfg(), "v5litepod-4", model_config="tiny", programs=("to_serving",),
+                   dump=out)
+        assert "to_serving" in rep["programs"]
+        files = sorted(storage.listdir(out))          # one a parameter's call
+        assert files and all(f.startswith("to_serving.") for f in files)
+        assert "HloModule" in storage.read_text(storage.join(out, files[0]))
+    finally:
+        if where == "bucket":
+            server.stop()
