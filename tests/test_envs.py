@@ -400,7 +400,8 @@ def test_reports_family_states_the_figure_first_then_filler():
 def test_records_family_is_count_with_long_records_colour_first():
     """fncall/records: count's task (hidden length, the same state and probe), each look(i) a
     record whose first sentence is count's observation, then 10-16 filler sentences; errors
-    stay count's short ones; the expert solves it."""
+    stay count's short ones; finish before every item is read is refused (no reward from
+    guessing a count of a few values); the expert solves it."""
     tasks = make_tasks("fncall/records", "train", 4, 0, size=(3, 6))
     expert_solves("fncall/records", tasks)
     env, t = make_env("fncall/records"), tasks[0]
@@ -416,6 +417,13 @@ def test_records_family_is_count_with_long_records_colour_first():
     red = t["colours"][0] == "red"
     assert env.probe(f"count={int(red)}; next=1; last={t['n'] - 1}")
     assert not env.probe(f"count={int(red)}; next=1; last=-1")
+    # a guess before every item was read is refused, whatever it says; after, it is scored
+    early = env.act(format_tool_call("finish", {"answer": t["answer"]}))
+    assert "error" in early.info and not early.done and "item 1 has not been looked" in early.observation
+    for i in range(1, t["n"] - 1):
+        env.act(format_tool_call("look", {"i": i}))
+    done = env.act(format_tool_call("finish", {"answer": t["answer"]}))
+    assert done.done and done.reward == 1.0
 
 
 def test_sections_family_keeps_a_constant_state_and_a_branch_a_section():

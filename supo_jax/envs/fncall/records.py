@@ -3,7 +3,7 @@ long inspection record, the colour first; loop state count=<int>; next=<index>; 
 -1> (as count)."""
 from __future__ import annotations
 
-from supo_jax.envs.base import StepResult, ToolSpec
+from supo_jax.envs.base import StepResult, ToolSpec, error_result
 from supo_jax.envs.fncall.common import _finish, _params
 from supo_jax.envs.fncall.count import Count
 from supo_jax.envs.fncall.reports import filler
@@ -34,6 +34,18 @@ class Records(Count):
                 "number of red items. If asked to summarize, state the progress as "
                 "count=<red items seen>; next=<next item>; last=<index of the last item, -1 "
                 "while unknown>.")
+
+    def step(self, name, arguments):
+        """finish is taken only once every item up to the last has been looked at: a count
+        of 5-7 items has few values (a fixed guess is right about a third of the time), so an
+        answer given before reading them all is refused (an error observation; the episode
+        goes on), and reward comes only from reading the row, not from guessing."""
+        if name == self.answer_tool and self._task is not None and not self._done:
+            s = self.state()
+            if not 0 <= s["last"] < s["next"]:
+                return error_result(f"finish refused: item {s['next']} has not been looked "
+                                    "at; look at every item up to the last one first")
+        return super().step(name, arguments)
 
     def _call(self, name, a):
         got = super()._call(name, a)
