@@ -266,6 +266,34 @@ def test_sft_into_a_bucket_writes_the_runs_warm_start_there(straight_run, bucket
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
+def test_demonstrations_and_a_starting_policy_read_from_a_bucket(bucket_env):
+    """`rollout --out gs://...` writes demonstrations to the bucket, `sft` reads them from
+    there (sft.demos), and `train` starts from a policy in the bucket (train.init_from)."""
+    from supo_jax import storage
+
+    env, bucket = bucket_env
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "supo_jax.cli", *args], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+    demos = storage.join(bucket, "demos", "pages.jsonl")
+    cli("rollout", "--config", CONFIG, "--env", "fncall/pages", "--policy", "scripted",
+        "--num", "4", "--set", "env.knobs.size=6", "--out", demos)
+    assert len(storage.read_text(demos).splitlines()) == 4
+    warm = storage.join(bucket, "from_demos")
+    out = cli("sft", "--config", CONFIG, "--set", f"train.run_dir={warm}", "--set",
+              f"sft.demos={demos}", "--set", "sft.steps=2")
+    assert f"saved {warm}/sft" in out
+    run = storage.join(bucket, "from_init")
+    out = cli("train", "--config", CONFIG, "--set", f"train.run_dir={run}", "--set",
+              f"train.init_from={warm}/sft", "--set", "train.steps=1")
+    assert f"HF export: {run}/hf" in out
+    assert [json.loads(x)["step"] for x in storage.read_text(
+        storage.join(run, "metrics.jsonl")).splitlines()] == [0, 1, 1]
+
+
 def test_a_bucket_that_refuses_writes_stops_the_run_in_one_line(bucket_env):
     from tests import gcs
 
