@@ -20,6 +20,9 @@ import os
 import shutil
 import tempfile
 
+_DERIVED: dict[str, str] = {}   # environment variables configure() set, and to what
+
+
 def is_url(path) -> bool:
     """A path with a scheme other than file:// (gs://bucket/dir)."""
     return "://" in str(path) and not str(path).startswith("file://")
@@ -27,12 +30,15 @@ def is_url(path) -> bool:
 
 def configure() -> None:
     """Point tensorstore (Orbax's array writer) at STORAGE_EMULATOR_HOST when that is set and
-    tensorstore's own endpoint is not, and quiet gcsfs's warnings about the credentials an
-    emulator does not need. Called before any remote access (cheap)."""
+    tensorstore's own endpoint is not (or is what an earlier call derived: the emulator
+    moved), and quiet gcsfs's warnings about the credentials an emulator does not need.
+    Called before any remote access (cheap)."""
     host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
     if host:
-        url = host if "://" in host else f"http://{host}"
-        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url.rstrip("/"))
+        url = (host if "://" in host else f"http://{host}").rstrip("/")
+        key = "TENSORSTORE_GCS_HTTP_URL"
+        if os.environ.get(key) in (None, _DERIVED.get(key)):
+            os.environ[key] = _DERIVED[key] = url
         # gcsfs asks GCS's gRPC control API for each bucket's type (zonal, hierarchical),
         # which an emulator does not serve: it retries for minutes. A plain bucket it is.
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
