@@ -133,6 +133,7 @@ def test_scaling_docs_bucket_launch_command_runs_as_written():
     r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), *argv[1:], "--dry-run"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "train.run_dir=gs://BUCKET/runs/paper_fncall_supo" in r.stdout
-    assert "model.path=gs://BUCKET/ckpt/Qwen2.5-7B-Instruct" in r.stdout
+    out = r.stdout.replace("\\", "")   # (the printed commands are shell-quoted)
+    assert "train.run_dir=gs://<bucket>/runs/paper_fncall_supo" in out
+    assert "model.path=gs://<bucket>/ckpt/Qwen2.5-7B-Instruct" in out
     assert "spot" in r.stdout.lower()

@@ -248,27 +248,10 @@ def test_a_run_in_a_bucket_killed_and_rerun_resumes_exactly_and_exports_there(st
     assert storage.isfile(storage.join(d, "eval_scaling.json"))
 
 
-def test_sft_into_a_bucket_writes_the_runs_warm_start_there(straight_run, bucket_env):
-    """`supo-jax sft` with train.run_dir in the bucket: its policy (sft/, read back from the
-    bucket) is the warm start the local straight run kept."""
-    from supo_jax import storage
-    from supo_jax.model.policy import load_policy
-
-    ref, _ = straight_run
-    env, bucket = bucket_env
-    d = storage.join(bucket, "sft_run")
-    r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "sft", "--config", CONFIG,
-                        "--set", f"train.run_dir={d}", *[a for s in SETS for a in ("--set", s)]],
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert f"saved {d}/sft" in r.stdout
-    got, want = (load_policy(x).split()[1] for x in (storage.join(d, "sft"), os.path.join(ref, "sft")))
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-
-
 def test_demonstrations_and_a_starting_policy_read_from_a_bucket(bucket_env):
     """`rollout --out gs://...` writes demonstrations to the bucket, `sft` reads them from
-    there (sft.demos), and `train` starts from a policy in the bucket (train.init_from)."""
+    there (sft.demos) and saves its policy there, and `train` starts from that policy in the
+    bucket (train.init_from)."""
     from supo_jax import storage
 
     env, bucket = bucket_env
