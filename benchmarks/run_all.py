@@ -48,6 +48,8 @@ OPTIONAL = (
     ("tpu_plan", "TPU slices for the paper's setups (verified by compilation, no TPU)", []),
     ("capacity", "Capacity: the largest task each context manager lets the scripted expert "
                  "solve", []),
+    ("calibration", "TPU planner calibration: published MaxText train steps beside the "
+                    "planner's band", []),
 )
 TITLES = {n: t for n, t, _ in BENCHMARKS + OPTIONAL}
 OUT = os.path.join(common.REPO, "BENCHMARKS.md")

@@ -103,7 +103,8 @@ class HloCost:
     flops: float              # matmul / convolution flops, loop bodies times their trip counts
     hbm_bytes: float          # bytes read + written by top-level ops, times trip counts
     collective_bytes: float   # bytes each chip sends over the interconnect, times trip counts
-    # {op, name, shape (result), group_size, bytes (one execution), executions, computation}
+    # {op, name, shape (result), group_size, bytes (one execution), executions, computation,
+    #  group: the first replica group's logical device ids (a permute: its first pair), or None}
     collectives: list[dict]
     loops: list[dict]         # {name, body, trip_count, source, multiplicity}
     custom_calls: list[dict]  # {target, name, computation, executions}: flops not counted
@@ -430,6 +431,72 @@ def group_size(attrs: str, devices: int) -> int:
     return devices
 
 
+def _iota(text: str) -> list[int] | None:
+    """The ids of an iota tile assignment: `[a,b,...]` (0..prod-1 in order) or
+    `[a,b,...]T(p,q,...)` (reshaped to [a,b,...], transposed by the permutation, flattened)."""
+    m = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", text)
+    if not m:
+        return None
+    dims = [int(x) for x in m.group(1).split(",")]
+    perm = [int(x) for x in m.group(2).split(",")] if m.group(2) else list(range(len(dims)))
+    if sorted(perm) != list(range(len(dims))):
+        return None
+    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    pd, ps = [dims[p] for p in perm], [strides[p] for p in perm]
+    out = []
+    for flat in range(math.prod(dims)):
+        rest, idx = flat, 0
+        for d, st in zip(reversed(pd), reversed(ps)):
+            idx += (rest % d) * st
+            rest //= d
+        out.append(idx)
+    return out
+
+
+def replica_groups(attrs: str, devices: int) -> list[list[int]] | None:
+    """The chips (the program's logical device ids) of every replica group, in the forms
+    group_size reads; a collective-permute's source_target_pairs as [source, target] pairs.
+    None for a form not understood (the caller then knows only the group's size)."""
+    m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attrs)
+    if m:
+        return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+    m = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", attrs)
+    if m:
+        groups = [[int(x) for x in g.split(",") if x.strip()]
+                  for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))]
+        return [g for g in groups if g] or [list(range(devices))]
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    if m:
+        ids, count, size = _iota(m.group(3)), int(m.group(1)), int(m.group(2))
+        if ids is None or len(ids) != count * size:
+            return None
+        return [ids[i:i + size] for i in range(0, len(ids), size)]
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](.*?)\{([^}]*)\}", attrs)
+    if m:
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        names, dims = [a for a, _ in axes], [int(n) for _, n in axes]
+        ids = list(range(math.prod(dims)))
+        dev = re.search(r"device_ids=\(([^)]*\)?)\)", m.group(2))
+        if dev:
+            text = dev.group(1)
+            ids = _iota(text) if "[" in text else [int(x) for x in text.split(",") if x.strip()]
+            if ids is None or len(ids) != math.prod(dims):
+                return None
+        grouped = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(3)) if a in names]
+        others = [i for i in range(len(dims)) if i not in grouped]
+        strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+
+        def combos(axes_):
+            out = [0]
+            for a in axes_:
+                out = [o + k * strides[a] for o in out for k in range(dims[a])]
+            return out
+        return [[ids[base + off] for off in combos(grouped)] for base in combos(others)]
+    if "replica_groups" not in attrs or re.search(r"replica_groups=\{\s*\}", attrs):
+        return [list(range(devices))]
+    return None
+
+
 def collective_bytes(op: str, operand_bytes: float, n: int) -> float:
     """Bytes a chip sends (= receives) for one execution, its group of n chips, by ring:
     all-gather operand * (n-1) (= result * (n-1)/n); all-reduce 2 * operand * (n-1)/n
@@ -605,9 +672,11 @@ class _Walker:
             n = group_size(ins.attrs, self.devices)
         b = collective_bytes(op, operand, n or 1)
         acc.coll += b * mult
+        groups = replica_groups(ins.attrs, self.devices)
         acc.collectives.append({"op": op, "name": ins.name, "shape": ins.shape_text,
                                 "group_size": n, "bytes": b, "executions": mult,
-                                "computation": comp.name})
+                                "computation": comp.name,
+                                "group": groups[0] if groups else None})
 
     def custom_call(self, comp, ins: Instr, mult: float, acc: _Acc):
         acc.custom_calls.append({"target": ins.target,

@@ -78,20 +78,25 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
 }
 
 # generation -> per chip: HBM bytes, peak dense FLOP/s by matmul input dtype, HBM bytes/s, and
-# bidirectional inter-chip interconnect (ICI) bytes/s, from each generation's system
+# bidirectional inter-chip interconnect (ICI) bytes/s over all its ports (2 per torus
+# dimension: v5e and v6e are 2-D tori, v4 and v5p 3-D), from each generation's system
 # architecture page: https://cloud.google.com/tpu/docs/v4, .../v5e, .../v5p, .../v6e.
 # The v4 page publishes no per-chip ICI bandwidth: its collectives get no time (said so).
 CHIPS: dict[str, dict] = {
-    "v4": {"hbm_bytes": 32 * GiB, "peak_flops": {"bfloat16": 275e12, "int8": 275e12},
+    "v4": {"torus_dims": 3, "hbm_bytes": 32 * GiB,
+           "peak_flops": {"bfloat16": 275e12, "int8": 275e12},
            "hbm_bandwidth": 1.2e12, "ici_bandwidth": None,
            "source": "https://cloud.google.com/tpu/docs/v4"},
-    "v5e": {"hbm_bytes": 16 * GiB, "peak_flops": {"bfloat16": 197e12, "int8": 393e12},
+    "v5e": {"torus_dims": 2, "hbm_bytes": 16 * GiB,
+            "peak_flops": {"bfloat16": 197e12, "int8": 393e12},
             "hbm_bandwidth": 819e9, "ici_bandwidth": 400e9,
             "source": "https://cloud.google.com/tpu/docs/v5e"},
-    "v5p": {"hbm_bytes": 95 * GiB, "peak_flops": {"bfloat16": 459e12, "int8": 918e12},
+    "v5p": {"torus_dims": 3, "hbm_bytes": 95 * GiB,
+            "peak_flops": {"bfloat16": 459e12, "int8": 918e12},
             "hbm_bandwidth": 2.765e12, "ici_bandwidth": 1200e9,
             "source": "https://cloud.google.com/tpu/docs/v5p"},
-    "v6e": {"hbm_bytes": 32 * GiB, "peak_flops": {"bfloat16": 918e12, "int8": 1836e12},
+    "v6e": {"torus_dims": 2, "hbm_bytes": 32 * GiB,
+            "peak_flops": {"bfloat16": 918e12, "int8": 1836e12},
             "hbm_bandwidth": 1.638e12, "ici_bandwidth": 800e9,
             "source": "https://cloud.google.com/tpu/docs/v6e"},
 }
@@ -381,7 +386,7 @@ def _to_serving(train_mesh, params, mesh, compute_dtype, chip, peak, dump) -> di
         if key not in seen:
             compiled = _compile("to_serving." + ".".join(str(getattr(k, "key", k)) for k in path),
                                 reshard_one, (x,), kw, mesh, dump)
-            seen[key] = (_memory(compiled), _figures(compiled, chip, peak))
+            seen[key] = (_memory(compiled), _figures(compiled, chip, peak, mesh=mesh))
         parts.append(seen[key])
     mem = {k: sum(m[k] for m, _ in parts) for k in ("argument", "output", "alias", "host_temp")}
     mem.update(temp=max(m["temp"] for m, _ in parts), code=max(m["code"] for m, _ in parts))
@@ -429,14 +434,43 @@ def _memory(compiled) -> dict:
 KERNELS = ("tpu_custom_call",)
 
 
-def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0) -> dict:
+def _links(dims: list[int]) -> list[int]:
+    """ICI links a chip has along each torus dimension of a slice: none along a dimension of
+    1 chip, one along a dimension of 2 (one neighbour), two along a longer one (a neighbour
+    each way; a slice short of a full pod has no wraparound, and a bidirectional ring along
+    a line is taken to reach the same rate)."""
+    return [0 if d == 1 else 1 if d == 2 else 2 for d in dims]
+
+
+def collective_rate(op: str, group, coords, dims: list[int], ici: float, ports: int) -> float:
+    """Bytes a second one chip sends in a collective over the links it can use, not over
+    every port: a chip has `ports` ports (4 on a 2-D torus, 6 on a 3-D one) sharing its
+    published bidirectional ICI bandwidth `ici`, so a port sends at ici / 2 / ports. A
+    collective among chips that differ along some torus dimensions runs as rings along
+    those, over the links of those dimensions (_links); a collective-permute sends to one
+    neighbour, over one link. `group`: the collective's first replica group (the program's
+    logical device ids, hlo_cost), `coords`: each logical id's chip coordinates; without
+    them (a form hlo_cost does not read) every port counts, as for a whole-slice collective.
+    dims: the slice's extent along each coordinate."""
+    port = ici / 2 / ports
+    if op == "collective-permute":
+        return port
+    if not group or coords is None or len(group) < 2:
+        return ici / 2
+    spanned = [k for k in range(len(dims)) if len({tuple(coords[i])[k] for i in group}) > 1]
+    links = sum(_links(dims)[k] for k in spanned)
+    return port * links if links else ici / 2
+
+
+def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0, mesh=None) -> dict:
     """Per chip, from the compiled HLO walked with every loop's trip count (supo_jax.hlo_cost):
     FLOPs, HBM bytes, bytes over the interconnect; each's time at the chip's published rate
     and the estimate, their maximum (a bound: it assumes every transfer overlaps the
-    compute), naming its bound, and their sum (no overlap at all). A chip sends at half its
-    bidirectional ICI bandwidth (the other half carries what it receives). The FLOPs of
-    Mosaic kernels (splash attention) are not in the HLO: the compute time is at least the
-    program's model FLOPs (`model_flops` a chip) at the peak."""
+    compute), naming its bound, and their sum (no overlap at all). A collective's bytes go
+    at the rate of the links along the torus dimensions its group spans (collective_rate;
+    `mesh`: the program's mesh, whose devices in order are its logical ids; without it every
+    port counts). The FLOPs of Mosaic kernels (splash attention) are not in the HLO: the
+    compute time is at least the program's model FLOPs (`model_flops` a chip) at the peak."""
     from supo_jax.hlo_cost import hlo_cost
 
     c = hlo_cost(compiled.as_text())
@@ -444,10 +478,21 @@ def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0) -> dic
     xla = (xla[0] if xla else {}) if isinstance(xla, (list, tuple)) else (xla or {})
     ici = chip["ici_bandwidth"]
     hbm = c.hbm_bytes - c.alt_memory_bytes        # not what stays in on-chip memory (VMEM)
+    coords = dims = None
+    if mesh is not None and getattr(mesh.devices.flat[0], "coords", None) is not None:
+        coords = [tuple(d.coords) for d in mesh.devices.flat]
+        dims = [len({c_[k] for c_ in coords}) for k in range(len(coords[0]))]
+    ici_seconds = 0.0
+    for col in c.collectives:
+        rate = collective_rate(col["op"], col.get("group"), coords, dims or [1],
+                               ici, 2 * chip["torus_dims"]) if ici else 0.0
+        col["gb_per_second"] = rate / 1e9
+        ici_seconds += col["bytes"] * col["executions"] / rate if rate else 0.0
     seconds = {"compute": max(c.flops, model_flops) / peak, "hbm": hbm / chip["hbm_bandwidth"],
-               "ici": c.collective_bytes / (ici / 2) if ici else 0.0}
+               "ici": ici_seconds}
     bound = max(seconds, key=seconds.get)
     top = sorted(c.collectives, key=lambda x: -x["bytes"] * x["executions"])[:6]
+    top = [{k: v for k, v in x.items() if k != "group"} for x in top]
     return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm,
             "collective_bytes_per_chip": c.collective_bytes, "seconds": seconds,
             "estimated_seconds": seconds[bound], "bound": bound,
@@ -604,7 +649,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             report["programs"][name] = {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
                                         **_figures(compiled, chip, peak,
                                                    _model_flops(name, mc, shapes,
-                                                                tr["adapters"]) / m.size),
+                                                                tr["adapters"]) / m.size, m),
                                         "compile_seconds": time.perf_counter() - t0}
     report["phases"] = _phases(report)
     report["estimates"] = _estimates(report, mc)
@@ -655,6 +700,42 @@ def _phases(rep: dict) -> dict:
     return out
 
 
+# Where MaxText's published train steps sit between the planner's two figures for the same
+# shapes on the same slices: the fraction of the way from the perfect-overlap bound (0) to
+# the no-overlap time (1). Fitted by benchmarks/calibration.py (benchmarks/results/
+# calibration.json, fit_calibration; a test checks this value against that file).
+TRAIN_CALIBRATION = None
+
+
+def fit_calibration(points: list[dict]) -> dict:
+    """The calibration of published points, each {point, seconds (measured), bound_seconds,
+    no_overlap_seconds}: f_k = (seconds - bound) / (no_overlap - bound) a point, `fraction`
+    their mean; `leave_one_out`: a point's step time predicted by the mean of the others'
+    fractions (bound + f (no_overlap - bound)) and its miss, predicted / measured - 1."""
+    fs = [(p["seconds"] - p["bound_seconds"]) / (p["no_overlap_seconds"] - p["bound_seconds"])
+          for p in points]
+    out = {"fraction": sum(fs) / len(fs) if fs else None,
+           "fractions": {p["point"]: f for p, f in zip(points, fs)}, "leave_one_out": []}
+    for k, p in enumerate(points):
+        rest = fs[:k] + fs[k + 1:]
+        if not rest:
+            continue
+        f = sum(rest) / len(rest)
+        t = p["bound_seconds"] + f * (p["no_overlap_seconds"] - p["bound_seconds"])
+        out["leave_one_out"].append({"point": p["point"], "fraction": f, "predicted_seconds": t,
+                                     "miss": t / p["seconds"] - 1})
+    return out
+
+
+def calibrated_seconds(prog: dict, fraction: float | None = None) -> float | None:
+    """A program's calibrated time: its bound plus TRAIN_CALIBRATION (or `fraction`) of the
+    gap to its no-overlap time; None without a calibration."""
+    f = TRAIN_CALIBRATION if fraction is None else fraction
+    if f is None:
+        return None
+    return prog["estimated_seconds"] + f * (prog["no_overlap_seconds"] - prog["estimated_seconds"])
+
+
 def _estimates(rep: dict, mc) -> dict:
     """The train step's MFU (model FLOPs, 6 N tokens + attention, a chip over its time at the
     peak) and tokens a second a chip, the rollouts' decode tokens a second a chip, each twice:
@@ -665,18 +746,25 @@ def _estimates(rep: dict, mc) -> dict:
     p, s, chips = rep["programs"], rep["shapes"], rep["chips"]
     out = {}
 
-    def both(prog, name, work):      # work / time, at the bound's time and at no overlap
-        return {f"{name}_bound": work / prog["estimated_seconds"],
+    def both(prog, name, work, calibrated=False):  # work / time: bound, no overlap, calibrated
+        out_ = {f"{name}_bound": work / prog["estimated_seconds"],
                 f"{name}_no_overlap": work / prog["no_overlap_seconds"]}
+        if calibrated and calibrated_seconds(prog) is not None:
+            out_[f"{name}_calibrated"] = work / calibrated_seconds(prog)
+        return out_
 
     ts = p.get("train_step", {})
     if "estimated_seconds" in ts:
         model = train_model_flops(mc, s["minibatch_rows"], s["row_len"],
                                   rep["training"]["adapters"]) / chips
         out.update(train_model_flops_per_chip=model,
-                   **both(ts, "train_mfu", model / rep["peak_flops_per_chip"]),
+                   **both(ts, "train_mfu", model / rep["peak_flops_per_chip"], True),
                    **both(ts, "train_tokens_per_second_per_chip",
-                          s["minibatch_rows"] * s["row_len"] / chips))
+                          s["minibatch_rows"] * s["row_len"] / chips, True))
+        if calibrated_seconds(ts) is not None:
+            out["train_step_seconds"] = {"bound": ts["estimated_seconds"],
+                                         "calibrated": calibrated_seconds(ts),
+                                         "no_overlap": ts["no_overlap_seconds"]}
     t = p.get("decode_training_layout", {})
     if "estimated_seconds" in t:
         out.update(**both(t, "training_layout_rollout_tokens_per_second_per_chip",
@@ -790,6 +878,12 @@ def format_plan(rep: dict) -> str:
                      "with no overlap ("
                      f"{e['train_tokens_per_second_per_chip_no_overlap']:.0f} to "
                      f"{e['train_tokens_per_second_per_chip_bound']:.0f} tokens/s a chip)")
+        if "train_mfu_calibrated" in e:
+            lines.append(f"train step calibrated: MFU {100 * e['train_mfu_calibrated']:.0f}%, "
+                         f"{e['train_tokens_per_second_per_chip_calibrated']:.0f} tokens/s a "
+                         f"chip, {e['train_step_seconds']['calibrated']:.3f} s a step (where "
+                         "MaxText's published steps sit in their band: an assumption, not a "
+                         "measurement; BENCHMARKS.md)")
     if "rollout_tokens_per_second_per_chip_bound" in e:
         lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip_no_overlap']:.0f} to "
                      f"{e['rollout_tokens_per_second_per_chip_bound']:.0f} decode tokens/s "

@@ -435,3 +435,77 @@ def test_tpu_reduce_scatter_fusion_in_a_layer_scan(tpu_mesh):
     # reading both whole stacks every layer would be
     piece = D * (F // 4) * 4
     assert L * 2 * piece <= cost.hbm_bytes < L * 2 * L * piece
+
+
+def test_replica_group_members_in_every_printed_form():
+    """The chips of each group (logical device ids), as the iota, explicit and mesh forms
+    print them; a permute's pairs; a form not understood is None, not a guess."""
+    from supo_jax.hlo_cost import replica_groups
+    assert replica_groups("replica_groups={{0,1,2,3},{4,5,6,7}}, x", 8) == [[0, 1, 2, 3],
+                                                                          [4, 5, 6, 7]]
+    assert replica_groups("replica_groups=[2,4]<=[8], to_apply=%add", 8) == [[0, 1, 2, 3],
+                                                                           [4, 5, 6, 7]]
+    assert replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), x", 8) == [[0, 4], [1, 5],
+                                                                       [2, 6], [3, 7]]
+    assert replica_groups("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}, x", 8) == [
+        [0, 2, 4, 6], [1, 3, 5, 7]]
+    # the mesh's own device order: [4,2]T(1,0) lists 0,2,4,6,1,3,5,7 in mesh order
+    assert replica_groups("replica_groups=mesh['a'=2,'b'=4] device_ids=([4,2]T(1,0)) {'b'}, "
+                          "x", 8) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert replica_groups("replica_groups={}, to_apply=%add", 4) == [[0, 1, 2, 3]]
+    assert replica_groups("source_target_pairs={{0,1},{1,2}}, x", 4) == [[0, 1], [1, 2]]
+    assert replica_groups("replica_groups=[2,4]<=[3,3], x", 8) is None     # 9 ids, 8 chips?
+    assert replica_groups("replica_groups=[2,4]<=[8]T(2), x", 8) is None   # no such permutation
+
+
+@needs_libtpu
+def test_replica_groups_name_the_mesh_chips_on_a_tpu_slice():
+    """On a v6e-16 with its chips in a scrambled mesh order, each collective's first group,
+    mapped through the mesh's devices in order (the program's logical ids), is the chips of
+    the mesh axes it runs over: a psum over a, an all-gather over (b, c)."""
+    from supo_jax.plan import tpu_devices
+    devs = tpu_devices("v6e-16")
+    order = np.array(devs)[[3, 1, 2, 0, 7, 5, 6, 4, 11, 9, 10, 8, 15, 13, 14, 12]]
+    mesh = Mesh(order.reshape(2, 4, 2), ("a", "b", "c"))
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32,
+                             sharding=NamedSharding(mesh, P(("a", "c"), "b")))
+    f = jax.shard_map(lambda t: jax.lax.all_gather(jax.lax.psum(t, "a"), ("b", "c"), tiled=True),
+                      mesh=mesh, in_specs=P(("a", "c"), "b"), out_specs=P(("a", "c"), None),
+                      check_vma=False)
+    cols = {c["op"]: c for c in hlo_cost(jax.jit(f).lower(x).compile().as_text()).collectives}
+    flat = list(mesh.devices.flat)
+    assert [flat[i].id for i in cols["all-reduce"]["group"]] == [d.id for d in mesh.devices[:, 0, 0]]
+    assert [flat[i].id for i in cols["all-gather"]["group"]] == [d.id for d in
+                                                                 mesh.devices[0].flat]
+
+
+def test_collective_rate_counts_the_links_a_group_spans():
+    """v6e-8 is a 2 x 4 torus without wraparound, 4 ports a chip sharing 800 GB/s
+    bidirectional (100 GB/s a port each way): a ring along the 4-chip dimension uses its 2
+    links (200 GB/s), along the 2-chip one 1 link, over both 3 links; a permute 1 link; a
+    group whose chips are unknown gets every port (400 GB/s, the whole-slice figure)."""
+    from supo_jax.plan import collective_rate
+    coords = [(x, y) for y in range(4) for x in range(2)]      # logical id -> (x, y)
+    dims, ici = [2, 4], 800e9
+    rate = lambda op, g: collective_rate(op, g, coords, dims, ici, 4)
+    assert rate("all-gather", [0, 2, 4, 6]) == pytest.approx(200e9)     # along y
+    assert rate("all-reduce", [0, 1]) == pytest.approx(100e9)           # along x
+    assert rate("reduce-scatter", list(range(8))) == pytest.approx(300e9)
+    assert rate("collective-permute", [0, 2]) == pytest.approx(100e9)
+    assert collective_rate("all-gather", None, coords, dims, ici, 4) == pytest.approx(400e9)
+
+
+def test_fit_calibration_by_hand():
+    """Two points at fractions 0.5 and 1.0 of their bands: f = 0.75; each left out is
+    predicted from the other's fraction."""
+    from supo_jax.plan import calibrated_seconds, fit_calibration
+    pts = [{"point": "a", "seconds": 3.0, "bound_seconds": 2.0, "no_overlap_seconds": 4.0},
+           {"point": "b", "seconds": 5.0, "bound_seconds": 1.0, "no_overlap_seconds": 5.0}]
+    fit = fit_calibration(pts)
+    assert fit["fraction"] == pytest.approx(0.75)
+    a, b = fit["leave_one_out"]
+    assert a["predicted_seconds"] == pytest.approx(2.0 + 1.0 * 2.0)     # b's f = 1
+    assert a["miss"] == pytest.approx(4.0 / 3.0 - 1)
+    assert b["predicted_seconds"] == pytest.approx(1.0 + 0.5 * 4.0)     # a's f = 0.5
+    assert calibrated_seconds({"estimated_seconds": 2.0, "no_overlap_seconds": 4.0},
+                              0.75) == pytest.approx(3.5)
