@@ -341,7 +341,8 @@ def _cmd_plan(args) -> None:
 
     cfg = _config(args)
     rep = plan(cfg, args.topology, model_config=args.model_config, host_copy=args.host_copy,
-               training_layout=args.training_layout, dump=args.dump)
+               training_layout=args.training_layout, dump=args.dump, segments=args.segments,
+               generated_tokens=args.generated_tokens)
     print(format_plan(rep))
     if args.json:
         from supo_jax.utils import provenance
@@ -518,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--training-layout", action="store_true", help="also compile the decode on "
                    "the training layout (the parameters as training shards them), for comparison "
                    "with the serving layout; not counted in the exit status")
+    n.add_argument("--segments", type=int, default=None, metavar="K", help="segments (rows) a "
+                   "rollout makes, for the predicted RL step (default: S + 1, the cap)")
+    n.add_argument("--generated-tokens", type=int, default=None, metavar="N", help="tokens a "
+                   "rollout generates, for the predicted RL step (default: the caps: H actions "
+                   "and S summaries at their budgets, at most the rows' tokens)")
     n.set_defaults(fn=_cmd_plan)
     return p
 

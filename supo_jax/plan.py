@@ -545,7 +545,8 @@ def hlo_cost_of(fn, args, kwargs, mesh):
 
 def plan(cfg, topology: str, *, model_config: str | None = None,
          programs: tuple[str, ...] | None = None, host_copy: bool = False,
-         training_layout: bool = False, dump: str | None = None) -> dict:
+         training_layout: bool = False, dump: str | None = None,
+         segments: int | None = None, generated_tokens: int | None = None) -> dict:
     """Compile the run's programs ahead of time for the TPU slice `topology` (a gcloud
     accelerator type, e.g. v5litepod-16) and report, for each, XLA's bytes per chip, the
     HLO-counted FLOPs, HBM and interconnect bytes a chip, the estimated time and its bound;
@@ -558,7 +559,8 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     training_layout: also compile `decode_training_layout`, the decode on the training
     mesh with the parameters as training shards them (how rollouts sampled before the
     serving layout), not counted in `fits`.
-    dump: write each program's compiled HLO text to DIR/NAME.hlo.txt."""
+    dump: write each program's compiled HLO text to DIR/NAME.hlo.txt. segments /
+    generated_tokens: a rollout's work for the predicted RL step (rl_step; default the caps)."""
     from supo_jax.model import platform
     from supo_jax.model.serving import auto_tensor, check_tensor, serving_mesh
     from supo_jax.model.sharding import make_mesh
@@ -653,6 +655,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                                         "compile_seconds": time.perf_counter() - t0}
     report["phases"] = _phases(report)
     report["estimates"] = _estimates(report, mc)
+    report["rl_step"] = rl_step(report, cfg, segments, generated_tokens)
     progs = {k: p for k, p in report["programs"].items() if k not in COMPARISONS}
     report["fits"] = all(p["fits"] for p in progs.values()) and all(
         ph["fits"] for ph in report["phases"].values())
@@ -784,6 +787,84 @@ def _estimates(rep: dict, mc) -> dict:
     return out
 
 
+def rl_step(rep: dict, cfg, segments: int | None = None,
+            generated_tokens: int | None = None) -> dict | None:
+    """A predicted RL step of the run from its compiled programs' times: the rollout phase
+    (the serving copy once; each wave of sampler rows prefilling its context and decoding its
+    generated tokens) plus the update phase (ppo_epochs passes over every segment's row, a
+    train step a minibatch), each as a band (bound, no overlap; the update also calibrated,
+    TRAIN_CALIBRATION), and the whole run (train.steps steps) in chip-hours.
+
+    The work a rollout does is an assumption, said in the result's `work`: by default the
+    caps (an upper bound): `segments` = S + 1 rows (S = context.max_summaries; 1 under a
+    manager without summaries), each prefilling up to the row length, and `generated_tokens`
+    = H actions of max_action_tokens plus S summaries of max_summary_tokens, at most the
+    rows' tokens. Pass a run's measured means (metrics.jsonl: tokens generated, segments a
+    rollout) to predict that run instead. Rows advance independently in a run; here the
+    rollouts run in waves of the sampler's rows, each as long as one rollout. None when a
+    program it needs did not compile."""
+    for name, v in (("segments", segments), ("generated_tokens", generated_tokens)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be at least 1 (got {v})")
+    p, s = rep["programs"], rep["shapes"]
+    need = ("train_step", "prefill", "decode", "to_serving")
+    if any("estimated_seconds" not in p.get(n, {}) for n in need):
+        return None
+    ctx, r, o = cfg.context, cfg.rollout, cfg.optim
+    summaries = ctx.max_summaries if ctx.manager == "supo" else 0
+    cap = (summaries + 1) * s["row_len"]
+    segments = segments or summaries + 1
+    generated = generated_tokens or min(ctx.max_steps * ctx.action_tokens
+                                        + summaries * ctx.max_summary_tokens, cap)
+    rollouts = r.tasks_per_step * r.group_size
+    waves = -(-rollouts // s["sampler_rows"])
+    prefills = -(-segments * s["row_len"] // s["prefill_len"])   # calls a rollout, at most
+    decodes = generated / s["decode_steps"]
+    updates = o.ppo_epochs * -(-rollouts * segments // s["minibatch_rows"])
+
+    def phase(kind: str) -> dict:
+        sec = (lambda n: p[n]["estimated_seconds"]) if kind == "bound" else \
+            (lambda n: p[n]["no_overlap_seconds"])
+        update = updates * (calibrated_seconds(p["train_step"]) if kind == "calibrated"
+                            else sec("train_step"))
+        if kind == "calibrated":
+            sec = lambda n: p[n]["no_overlap_seconds"]      # the rollout: no calibration yet
+        rollout = sec("to_serving") + waves * (prefills * sec("prefill") + decodes * sec("decode"))
+        return {"rollout": rollout, "update": update, "step": rollout + update}
+
+    kinds = ["bound", "no_overlap"] + (["calibrated"] if TRAIN_CALIBRATION is not None else [])
+    given = bool(generated_tokens) or segments != summaries + 1
+    out = {"work": {"rollouts": rollouts, "segments": segments, "generated_tokens": generated,
+                    "prefill_tokens": segments * s["row_len"], "waves": waves,
+                    "prefill_calls": prefills, "decode_chunks": decodes,
+                    "train_steps": updates, "assumed": "given" if given else "caps"},
+           **{k: phase(k) for k in kinds}}
+    steps = cfg.train.steps
+    out["run_chip_hours"] = {k: out[k]["step"] * steps * rep["chips"] / 3600 for k in kinds}
+    out["run_steps"] = steps
+    return out
+
+
+def format_rl_step(st: dict | None) -> list[str]:
+    """The predicted RL step as lines of text (none without one)."""
+    if not st:
+        return []
+    w = st["work"]
+    kinds = [k for k in ("bound", "calibrated", "no_overlap") if k in st]
+
+    def band(key):
+        return " / ".join(f"{st[k][key]:.1f}" for k in kinds) + " s"
+    return [f"RL step ({' / '.join(kinds)}): rollouts {band('rollout')}, update "
+            f"{band('update')}, step {band('step')}; {w['rollouts']} rollouts in {w['waves']} "
+            f"wave(s), each {w['segments']} segment(s), {w['generated_tokens']} generated tokens"
+            + (" (the caps: an upper bound on the work; --segments / --generated-tokens set a "
+               "run's means)" if w["assumed"] == "caps" else " (as given)")
+            + ("; calibrated: the update's, the rollout at no overlap" if "calibrated" in st
+               else ""),
+            f"whole run ({st['run_steps']} steps): "
+            + " / ".join(f"{st['run_chip_hours'][k]:,.0f}" for k in kinds) + " chip-hours"]
+
+
 def _versions() -> dict:
     import importlib.metadata
 
@@ -892,6 +973,7 @@ def format_plan(rep: dict) -> str:
                      + (" (below 1: the program keeps weights or cache in on-chip memory)"
                         if e["decode_over_roofline"] < 0.9 else "")
                      + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
+    lines += format_rl_step(rep.get("rl_step"))
     lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
                  "perfect overlap nor none)")
     return "\n".join(lines)

@@ -138,6 +138,41 @@ def test_plan_of_the_whole_run_names_bounds_and_fits_by_phase(tmp_path):
     assert ph["rollout"]["bytes"] >= state + big
     assert ph["update"]["bytes"] == rep["programs"]["train_step"]["bytes_per_chip"]["total"]
     assert rep["fits"] == (ph["rollout"]["fits"] and ph["update"]["fits"])
+    _rl_step_by_hand(rep, _cfg("context.working_context=256", "optim.minibatch_rows=8"))
+
+
+def _rl_step_by_hand(rep, cfg):
+    """The predicted RL step is the programs' times composed as a step runs them: the
+    serving copy, waves of prefill calls and decode chunks, train steps over every segment's
+    row; at the caps by default, at a given work when asked; bound <= no overlap."""
+    from supo_jax.plan import format_plan, rl_step
+
+    p, s, st = rep["programs"], rep["shapes"], rep["rl_step"]
+    ctx, r = cfg.context, cfg.rollout
+    S = ctx.max_summaries
+    rollouts = r.tasks_per_step * r.group_size
+    waves = -(-rollouts // s["sampler_rows"])
+    gen = min(ctx.max_steps * ctx.action_tokens + S * ctx.max_summary_tokens,
+              (S + 1) * s["row_len"])
+    calls = -(-(S + 1) * s["row_len"] // s["prefill_len"])
+    sec = lambda n: p[n]["estimated_seconds"]
+    want = sec("to_serving") + waves * (calls * sec("prefill")
+                                        + gen / s["decode_steps"] * sec("decode"))
+    assert st["work"]["assumed"] == "caps" and st["work"]["generated_tokens"] == gen
+    assert st["bound"]["rollout"] == pytest.approx(want)
+    trains = cfg.optim.ppo_epochs * -(-rollouts * (S + 1) // s["minibatch_rows"])
+    assert st["bound"]["update"] == pytest.approx(trains * sec("train_step"))
+    assert st["bound"]["step"] <= st["no_overlap"]["step"]
+    assert st["run_chip_hours"]["bound"] == pytest.approx(
+        st["bound"]["step"] * cfg.train.steps * rep["chips"] / 3600)
+    given = rl_step(rep, cfg, segments=1, generated_tokens=s["decode_steps"])
+    assert given["work"]["assumed"] == "given"
+    assert given["bound"]["rollout"] == pytest.approx(
+        sec("to_serving") + waves * (-(-s["row_len"] // s["prefill_len"]) * sec("prefill")
+                                     + sec("decode")))
+    with pytest.raises(ValueError, match="segments must be at least 1"):
+        rl_step(rep, cfg, segments=0)
+    assert "RL step (bound" in format_plan(rep) and "chip-hours" in format_plan(rep)
 
 
 def test_paper_config_without_a_model_is_one_line_error():
