@@ -160,7 +160,7 @@ section. Benchmarks print figures and ratios; they are not tests.
     for name, title, _ in BENCHMARKS + OPTIONAL:
         if name in all_res:
             res = all_res[name]
-            parts.append(f"## {title}\n\n{meta(res)}\n{_module(name).markdown(res)}")
+            parts.append(f"## {title}\n\n{meta(res)}\n{_module(name).markdown(res).rstrip()}\n")
         else:
             body = old_section(old, title)
             if body:

@@ -160,9 +160,22 @@ def _floor(p: dict) -> str:
 def _mfu(e: dict) -> str:
     """The train step's MFU as "no overlap to bound" (results before the two figures: the
     bound alone, as "at most")."""
+    if "train_mfu_calibrated" in e:
+        return (f"{100 * e['train_mfu_no_overlap']:.0f}-{100 * e['train_mfu_bound']:.0f}% "
+                f"(calibrated {100 * e['train_mfu_calibrated']:.0f}%)")
     if "train_mfu_bound" in e:
         return f"{100 * e['train_mfu_no_overlap']:.0f}-{100 * e['train_mfu_bound']:.0f}%"
     return f"at most {100 * e['train_mfu']:.0f}%" if "train_mfu" in e else ""
+
+
+def _rl_step(st) -> str:
+    """The predicted RL step: bound / calibrated / no-overlap seconds, and the run's
+    chip-hours at the calibrated figure (else at no overlap)."""
+    if not st:
+        return "-"
+    kinds = [k for k in ("bound", "calibrated", "no_overlap") if k in st]
+    hours = st["run_chip_hours"].get("calibrated", st["run_chip_hours"]["no_overlap"])
+    return " / ".join(f"{st[k]['step']:,.0f}" for k in kinds) + f" ({hours:,.0f})"
 
 
 def markdown(res: dict) -> str:
@@ -170,9 +183,12 @@ def markdown(res: dict) -> str:
            "compiles the run's own programs on this CPU host): nothing ran on a TPU, no figure "
            "here is a measurement. Per chip, from the compiled HLO walked with every loop's "
            "trip count (supo_jax.hlo_cost): FLOPs, HBM bytes and bytes over the interconnect; a "
-           "program's estimated time is the largest of FLOPs / peak, HBM bytes / HBM bandwidth "
-           "and ICI bytes / half the bidirectional ICI bandwidth (the published figures of the "
-           "chip's system architecture page, supo_jax.plan.CHIPS), and its bound is which one. "
+           "program's bound time is the largest of FLOPs / peak, HBM bytes / HBM bandwidth "
+           "and ICI time (each collective at the rate of the links its group spans, "
+           "supo_jax.plan.collective_rate; the published figures of the chip's system "
+           "architecture page, supo_jax.plan.CHIPS), and its bound is which one; with no "
+           "overlap the three add up; the train step's calibrated figure sits where MaxText's "
+           "published steps sit between the two (see the calibration section). "
            "Resident GiB a chip by phase: rollouts, the training state (parameters, AdamW state) "
            "beside the sampler's largest program (the serving copy being made, prefill or "
            "decode, each with the serving weights and the KV cache); the update, the train "
@@ -184,12 +200,16 @@ def markdown(res: dict) -> str:
            "serving layout (after); roofline: the chunk's estimate over every chip reading its "
            "serving weights and its share of the KV cache once a step. Each setup is tried on "
            "a generation's slices (benchmarks/tpu_plan.py's lists) smallest first, until both "
-           "phases fit; overrides are the settings changed to fit a slice.", "",
+           "phases fit; overrides are the settings changed to fit a slice. RL step: "
+           "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
+           "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
+           "calibrated (the update's; the rollout at no overlap) / no overlap, and the whole "
+           "run's chip-hours at the calibrated figure.", "",
            "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
            "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
            "tok/s/chip, ICI MiB a step | decode, serving layout: bound, tok/s/chip, ICI MiB a "
-           "step | decode / HBM roofline | overrides |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "step | decode / HBM roofline | RL step s (run chip-hours) | overrides |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["results"]["rows"]:
         p, e, ph = r["programs"], r.get("estimates", {}), r.get("phases", {})
 
@@ -223,6 +243,7 @@ def markdown(res: dict) -> str:
                  decode("decode", "rollout_tokens_per_second_per_chip",
                         "decode_collective_bytes_per_step"),
                  f"{e['decode_over_roofline']:.2f}x" if "decode_over_roofline" in e else "-",
+                 _rl_step(r.get("rl_step")),
                  " ".join(o for o in r.get("overrides", [])
                           if o not in SETUPS.get(r["setup"], ("",) * 4)[3]) or "-"]
         out.append("| " + " | ".join(cells) + " |")

@@ -3,6 +3,7 @@
 Not a timing test: the figures of a smoke run mean nothing; only the fields are checked.
 The three scripts run side by side (separate processes) to keep the test short.
 """
+import importlib.util
 import json
 import os
 import re
@@ -314,3 +315,37 @@ def test_sampler_matmul_floor_runs_on_a_tiny_model():
                                            repeats=1)
     assert floor["jax_ms"] > 0 and floor["attn_ms"] > 0 and floor["spans"] == "16"
     assert floor["kv_mb"] > 0 and floor["matmul_gflop"] > 0
+
+
+def test_planner_calibration_is_the_committed_fit():
+    """supo_jax.plan.TRAIN_CALIBRATION is the fit of benchmarks/results/calibration.json's
+    compiled points (what `python benchmarks/calibration.py` wrote), and the file's
+    leave-one-out figures are that fit's."""
+    from supo_jax.plan import TRAIN_CALIBRATION, fit_calibration
+
+    res = json.load(open(os.path.join(BENCH, "results", "calibration.json")))["results"]
+    rows = [r for r in res["rows"] if "error" not in r and not r.get("smoke")]
+    fit = fit_calibration(rows)
+    assert len(rows) >= 2 and TRAIN_CALIBRATION == pytest.approx(fit["fraction"], abs=5e-4)
+    assert [x["point"] for x in res["fit"]["leave_one_out"]] == [
+        x["point"] for x in fit["leave_one_out"]]
+    assert [x["miss"] for x in res["fit"]["leave_one_out"]] == pytest.approx(
+        [x["miss"] for x in fit["leave_one_out"]])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_calibration_smoke_writes_a_row_and_its_table(tmp_path):
+    """benchmarks/calibration.py --smoke compiles the tiny model's train step for v6e-8 and
+    writes a row with its band beside the published figures; the table renders."""
+    sys.path.insert(0, BENCH)
+    import calibration
+
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "calibration.py"), "--smoke",
+                        "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "calibration.json").read_text())
+    [row] = res["results"]["rows"]
+    assert row["smoke"] and 0 < row["bound_seconds"] <= row["no_overlap_seconds"]
+    assert set(row["parts_seconds"]) == {"compute", "hbm", "ici"}
+    assert "| llama3.1-8b_v6e-8 | 3 x 8192 |" in calibration.markdown(res)
