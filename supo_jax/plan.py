@@ -635,27 +635,31 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                 cfg, mc, graphdef, params, mesh,
                 sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
                              mesh))[0]["decode"]))
-        for name, m, prog in todo:
+        def program(name, m, prog):
             fn, args, kwargs = prog or (None, None, None)
             t0 = time.perf_counter()
             try:
                 if name == "to_serving":
-                    report["programs"][name] = {**_to_serving(mesh, params, smesh, cdt, chip,
-                                                              peak, dump),
-                                                "compile_seconds": time.perf_counter() - t0}
-                    continue
+                    return {**_to_serving(mesh, params, smesh, cdt, chip, peak, dump),
+                            "compile_seconds": time.perf_counter() - t0}
                 compiled = _compile(name, fn, args, kwargs, m, dump)
             except Exception as e:   # noqa: BLE001  (XLA / Mosaic refusing the program is the finding)
-                report["programs"][name] = {"fits": False, "error": f"{type(e).__name__}: "
-                                            f"{str(e).strip().splitlines()[0][:400]}",
-                                            "compile_seconds": time.perf_counter() - t0}
-                continue
+                return {"fits": False, "error": f"{type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0][:400]}",
+                        "compile_seconds": time.perf_counter() - t0}
             b = _memory(compiled)
-            report["programs"][name] = {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
-                                        **_figures(compiled, chip, peak,
-                                                   _model_flops(name, mc, shapes,
-                                                                tr["adapters"]) / m.size, m),
-                                        "compile_seconds": time.perf_counter() - t0}
+            return {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
+                    **_figures(compiled, chip, peak,
+                               _model_flops(name, mc, shapes, tr["adapters"]) / m.size, m),
+                    "compile_seconds": time.perf_counter() - t0}
+
+        for name, m, prog in todo:
+            report["programs"][name] = program(name, m, prog)
+        ts = report["programs"].get("train_step")
+        if ts is not None and not ts["fits"]:
+            report["remat"] = _pick_remat(cfg, mc, mesh, ts, program)
+            if report["remat"]["picked"]:
+                report["programs"]["train_step"] = report["remat"].pop("program")
     report["phases"] = _phases(report)
     report["estimates"] = _estimates(report, mc)
     report["rl_step"] = rl_step(report, cfg, segments, generated_tokens)
@@ -663,6 +667,33 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     report["fits"] = all(p["fits"] for p in progs.values()) and all(
         ph["fits"] for ph in report["phases"].values())
     return report
+
+
+# remat policies from the most memory a chip to the least (supo_jax.model.decoder.REMAT; "auto"
+# resolves to one of them by the chip's memory and is taken as full here)
+REMAT_BY_MEMORY = ("none", "dots", "full", "offload")
+
+
+def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
+    """The update does not fit (or XLA refused it) at the config's model.remat: compile the
+    train step under each policy that keeps less, in order (REMAT_BY_MEMORY), until one fits.
+    {configured, picked (None: none fits), tried: [{remat, bytes or error}], program: the
+    picked one's figures}."""
+    configured = cfg.model.remat
+    start = REMAT_BY_MEMORY.index(configured if configured in REMAT_BY_MEMORY else "full")
+
+    def tried(remat, p):
+        return {"remat": remat, "bytes": p.get("bytes_per_chip", {}).get("total"),
+                "error": p.get("error")}
+    out = {"configured": configured, "picked": None, "tried": [tried(configured, first)]}
+    for remat in REMAT_BY_MEMORY[start + 1:]:
+        c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
+        p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"])
+        out["tried"].append(tried(remat, p))
+        if p["fits"]:
+            out.update(picked=remat, program={**p, "remat": remat})
+            break
+    return out
 
 
 def _model_flops(name: str, mc, s: dict, adapters: bool = False) -> float:
@@ -978,6 +1009,16 @@ def format_plan(rep: dict) -> str:
                      + (" (below 1: the program keeps weights or cache in on-chip memory)"
                         if e["decode_over_roofline"] < 0.9 else "")
                      + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
+    rm = rep.get("remat")
+    if rm:
+        def at(t):
+            return (f"{t['bytes'] / GiB:.1f} GiB a chip" if t["bytes"] is not None
+                    else (t["error"] or "")[:80])
+        lines.append(f"update at model.remat={rm['configured']} does not fit ({at(rm['tried'][0])})"
+                     + "; " + "; ".join(f"remat={t['remat']}: {at(t)}" for t in rm["tried"][1:])
+                     + (f": the plan picked remat={rm['picked']}, whose figures are shown "
+                        f"(--set model.remat={rm['picked']})" if rm["picked"]
+                        else ": no remat policy fits"))
     lines += format_rl_step(rep.get("rl_step"))
     lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
                  "perfect overlap nor none)")

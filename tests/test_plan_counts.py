@@ -209,3 +209,32 @@ def test_dump_writes_each_programs_hlo(tmp_path, where, monkeypatch):
     finally:
         if where == "bucket":
             server.stop()
+
+
+@pytest.mark.slow
+def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, monkeypatch):
+    """With 1.2 GiB a chip, 2 rows of 4096 tokens a chip under remat none (every layer's
+    activations and XLA attention's scores kept: about 2 GiB) do not fit: the plan compiles
+    the policies that keep less until one fits (dots: about 0.7 GiB), says which, and shows
+    that one's figures. With no policy fitting (1 MiB) it says so."""
+    from supo_jax import plan as P
+
+    path = _model_dir(tmp_path, "m", vocab_size=256, hidden=128, layers=2, heads=2,
+                      kv_heads=1, mlp=512)
+    monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", int(1.2 * P.GiB))
+    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=4096", "model.remat=none"),
+                 "v5litepod-4", model_config=path, programs=("train_step",))
+    rm = rep["remat"]
+    assert rm["configured"] == "none" and rm["picked"] == "dots"
+    assert [t["remat"] for t in rm["tried"]] == ["none", "dots"]
+    assert rm["tried"][0]["bytes"] > 1.2 * P.GiB > rm["tried"][1]["bytes"]
+    ts = rep["programs"]["train_step"]
+    assert ts["remat"] == "dots" and ts["fits"] and rep["fits"]
+    assert ts["bytes_per_chip"]["total"] == rm["tried"][1]["bytes"]
+    assert "the plan picked remat=dots" in P.format_plan(rep)
+    monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 1 << 20)      # nothing fits in 1 MiB
+    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=256", "model.remat=full"),
+                 "v5litepod-4", model_config=path, programs=("train_step",))
+    assert rep["remat"]["picked"] is None and not rep["fits"]
+    assert [t["remat"] for t in rep["remat"]["tried"]] == ["full", "offload"]
+    assert "no remat policy fits" in P.format_plan(rep)
