@@ -889,7 +889,7 @@ def format_rl_step(st: dict | None) -> list[str]:
     kinds = [k for k in ("bound", "calibrated", "no_overlap") if k in st]
 
     def band(key):
-        return " / ".join(f"{st[k][key]:.1f}" for k in kinds) + " s"
+        return " / ".join(f"{st[k][key]:.3g}" for k in kinds) + " s"
     return [f"RL step ({' / '.join(kinds)}): rollouts {band('rollout')}, update "
             f"{band('update')}, step {band('step')}; {w['rollouts']} rollouts in {w['waves']} "
             f"wave(s), each {w['segments']} segment(s), {w['generated_tokens']} generated tokens"
@@ -898,7 +898,7 @@ def format_rl_step(st: dict | None) -> list[str]:
             + ("; calibrated: the update's, the rollout at no overlap" if "calibrated" in st
                else ""),
             f"whole run ({st['run_steps']} steps): "
-            + " / ".join(f"{st['run_chip_hours'][k]:,.0f}" for k in kinds) + " chip-hours"]
+            + " / ".join(f"{st['run_chip_hours'][k]:.3g}" for k in kinds) + " chip-hours"]
 
 
 def _versions() -> dict:
@@ -998,7 +998,7 @@ def format_plan(rep: dict) -> str:
         if "train_mfu_calibrated" in e:
             lines.append(f"train step calibrated: MFU {100 * e['train_mfu_calibrated']:.0f}%, "
                          f"{e['train_tokens_per_second_per_chip_calibrated']:.0f} tokens/s a "
-                         f"chip, {e['train_step_seconds']['calibrated']:.3f} s a step (where "
+                         f"chip, {e['train_step_seconds']['calibrated']:.3g} s a step (where "
                          "MaxText's published steps sit in their band: an assumption, not a "
                          "measurement; BENCHMARKS.md)")
     if "rollout_tokens_per_second_per_chip_bound" in e:
