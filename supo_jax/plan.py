@@ -859,14 +859,13 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     updates = o.ppo_epochs * -(-rollouts * segments // s["minibatch_rows"])
 
     def phase(kind: str) -> dict:
-        sec = (lambda n: p[n]["estimated_seconds"]) if kind == "bound" else \
-            (lambda n: p[n]["no_overlap_seconds"])
-        update = updates * (calibrated_seconds(p["train_step"]) if kind == "calibrated"
-                            else sec("train_step"))
-        if kind == "calibrated":
-            sec = lambda n: p[n]["no_overlap_seconds"]      # the rollout: no calibration yet
-        rollout = sec("to_serving") + waves * (prefills * sec("prefill") + decodes * sec("decode"))
-        return {"rollout": rollout, "update": update, "step": rollout + update}
+        # the rollout's programs have no calibration yet: its calibrated figure is no overlap
+        key = "estimated_seconds" if kind == "bound" else "no_overlap_seconds"
+        rollout = p["to_serving"][key] + waves * (prefills * p["prefill"][key]
+                                                  + decodes * p["decode"][key])
+        train = calibrated_seconds(p["train_step"]) if kind == "calibrated" \
+            else p["train_step"][key]
+        return {"rollout": rollout, "update": updates * train, "step": rollout + updates * train}
 
     kinds = ["bound", "no_overlap"] + (["calibrated"] if TRAIN_CALIBRATION is not None else [])
     given = bool(generated_tokens) or segments != summaries + 1
