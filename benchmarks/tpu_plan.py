@@ -11,6 +11,9 @@ compiles for minutes on 2 CPU cores.
     python benchmarks/tpu_plan.py                      # every setup; writes results/tpu_plan.json
     python benchmarks/tpu_plan.py --only 7b,8b         # some of them (the others' rows are kept;
                                                        # each row records the commit it was made at)
+    python benchmarks/tpu_plan.py --refresh            # compile nothing: the estimates and RL
+                                                       # step of every row recomputed from its
+                                                       # programs' figures (a new calibration)
 """
 from __future__ import annotations
 
@@ -91,13 +94,48 @@ def _gib(p: dict) -> str:
     return p.get("error", "")[:60] or f"{p['bytes_per_chip']['total'] / 2**30:.2f} GiB"
 
 
+def refresh(row: dict) -> bool:
+    """Recompute a row's estimates and predicted RL step from its compiled programs' figures
+    with the planner's current formulas and calibrations (supo_jax.plan._estimates, rl_step);
+    False (the row as it was) where its programs predate the figures those need."""
+    from supo_jax.config import load_config
+    from supo_jax.plan import _estimates, calibrate, resolve_model_config, rl_step
+
+    if any("estimated_seconds" in p and "no_overlap_seconds" not in p
+           for p in row["programs"].values()):
+        return False
+    _, config, model, _, _ = SETUPS[row["setup"]]
+    cfg = load_config(os.path.join(CONFIGS, config), row["overrides"])
+    mc = resolve_model_config(cfg, os.path.join(MODELS, model))
+    calibrate(row)
+    row["estimates"] = _estimates(row, mc)
+    row["rl_step"] = rl_step(row, cfg)
+    return True
+
+
 def main(argv=None):
     from supo_jax.utils import provenance
 
     p = common.parser(__doc__)
     p.add_argument("--only", default=",".join(SETUPS), help="setups, comma-separated; the "
                    "other setups' rows of an existing NAME.json are kept")
+    p.add_argument("--refresh", action="store_true", help="compile nothing: recompute every "
+                   "row's estimates and RL step from its programs' figures")
     args = p.parse_args(argv)
+    if args.refresh:
+        fn = os.path.join(args.out_dir, "tpu_plan.json")
+        with open(fn) as f:
+            res = json.load(f)
+        made = provenance()
+        for r in res["results"]["rows"]:
+            if refresh(r):
+                r["refreshed"] = made
+        res["results"]["targets"] = targets(res["results"]["rows"])
+        with open(fn, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"refreshed {fn}: " + ", ".join(f"{r['setup']} {r['topology']}"
+                                              for r in res["results"]["rows"] if "refreshed" in r))
+        return
     run = common.Run("tpu_plan", args, argv)
     only = args.only.split(",")
     unknown = [n for n in only if n not in SETUPS]
@@ -188,7 +226,9 @@ def markdown(res: dict) -> str:
            "supo_jax.plan.collective_rate; the published figures of the chip's system "
            "architecture page, supo_jax.plan.CHIPS), and its bound is which one; with no "
            "overlap the three add up; the train step's calibrated figure sits where MaxText's "
-           "published steps sit between the two (see the calibration section). "
+           "published steps sit between the two, the decode's is the bound plus what "
+           "JetStream's published decode steps take beyond theirs (see the calibration "
+           "section). "
            "Resident GiB a chip by phase: rollouts, the training state (parameters, AdamW state) "
            "beside the sampler's largest program (the serving copy being made, prefill or "
            "decode, each with the serving weights and the KV cache); the update, the train "
@@ -203,7 +243,8 @@ def markdown(res: dict) -> str:
            "phases fit; overrides are the settings changed to fit a slice. RL step: "
            "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
            "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
-           "calibrated (the update's; the rollout at no overlap) / no overlap, and the whole "
+           "calibrated (the update's and the decode's; resharding and prefill at no overlap) / no "
+           "overlap, and the whole "
            "run's chip-hours at the calibrated figure.", "",
            "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
            "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
@@ -227,9 +268,10 @@ def markdown(res: dict) -> str:
             x = p.get(name)
             if not x:
                 return "-"
+            cal = e.get(rate + "_calibrated")
             rate = rate + "_bound" if rate + "_bound" in e else rate   # (older results)
-            return (f"{x['bound']}, {e[rate]:,.0f}, {e[ici] / 2**20:,.1f}" if rate in e
-                    else x["bound"])
+            return (f"{x['bound']}, {e[rate]:,.0f}" + (f" (calibrated {cal:,.0f})" if cal else "")
+                    + f", {e[ici] / 2**20:,.1f}" if rate in e else x["bound"])
         ts = p.get("train_step", {})
         sv = r.get("serving", {})
         cells = [r["what"], r["topology"], str(r["chips"]),
@@ -255,6 +297,13 @@ def markdown(res: dict) -> str:
             made[key].append(r["setup"])
     out += ["", "Rows by the commit whose code made them: " + "; ".join(
         f"{', '.join(v)}: {k}" for k, v in made.items()) + "."]
+    again = sorted({f"{r['refreshed'].get('commit')}" for r in res["results"]["rows"]
+                    if r.get("refreshed")})
+    if again:
+        out[-1] += (" Estimates and RL steps recomputed from those programs' figures "
+                    f"(--refresh) at {', '.join(again)}: " + ", ".join(
+                        f"{r['setup']} {r['topology']}" for r in res["results"]["rows"]
+                        if r.get("refreshed")) + ".")
     if res.get("note"):
         out += ["", f"Note: {res['note']}."]
     return "\n".join(out) + "\n"

@@ -159,6 +159,10 @@ class MeshSection:
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    # on TPU, XLA's windowed einsum ("collective matmul") for the sharded matmuls of the train
+    # step: off by default, as MaxText's trillium recipes run (DISABLE_COLLECTIVE_MATMUL;
+    # supo_jax.rl.train_step.step_programs)
+    collective_matmul: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,6 +109,9 @@ class HloCost:
     loops: list[dict]         # {name, body, trip_count, source, multiplicity}
     custom_calls: list[dict]  # {target, name, computation, executions}: flops not counted
     alt_memory_bytes: float = 0.0   # part of hbm_bytes in on-chip memory spaces (TPU VMEM)
+    # each top-level op that moves bytes: {op (a fusion: "fusion:" its root's op), name,
+    # shape (result), bytes (one execution), executions, computation}
+    memory_ops: list = dataclasses.field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,6 +534,7 @@ class _Acc:
     collectives: list = dataclasses.field(default_factory=list)
     loops: list = dataclasses.field(default_factory=list)
     custom_calls: list = dataclasses.field(default_factory=list)
+    memory_ops: list = dataclasses.field(default_factory=list)
 
     def add(self, other: "_Acc"):
         self.flops += other.flops
@@ -540,10 +544,15 @@ class _Acc:
         self.collectives += other.collectives
         self.loops += other.loops
         self.custom_calls += other.custom_calls
+        self.memory_ops += other.memory_ops
 
-    def mem(self, nbytes: float, alt: float, mult: float):
+    def mem(self, nbytes: float, alt: float, mult: float, comp=None, ins=None, op=None):
         self.hbm += nbytes * mult
         self.alt += alt * mult
+        if ins is not None and nbytes:
+            self.memory_ops.append({"op": op or ins.op, "name": ins.name,
+                                    "shape": ins.shape_text, "bytes": nbytes,
+                                    "executions": mult, "computation": comp.name})
 
 
 def _source(comp: Computation, name: str, through=("bitcast",)) -> Instr | None:
@@ -564,7 +573,8 @@ class _Walker:
             self.walk(self.comps[self.entry], 1.0, acc, [])
         return HloCost(flops=acc.flops, hbm_bytes=acc.hbm, collective_bytes=acc.coll,
                        collectives=acc.collectives, loops=acc.loops,
-                       custom_calls=acc.custom_calls, alt_memory_bytes=acc.alt)
+                       custom_calls=acc.custom_calls, alt_memory_bytes=acc.alt,
+                       memory_ops=acc.memory_ops)
 
     # -- computations that run on their own: bytes at each instruction -----------------------
     def walk(self, comp: Computation, mult: float, acc: _Acc, callers: list):
@@ -587,16 +597,18 @@ class _Walker:
         elif op in FREE_OPS or op.endswith("-done"):
             pass
         elif op == "fusion" and called is not None:
-            acc.mem(*self.fusion_bytes(comp, ins, called), mult)
+            root = called.root
+            acc.mem(*self.fusion_bytes(comp, ins, called), mult, comp, ins,
+                    "fusion:" + (root.op if root is not None else "?"))
             self.walk_fused(called, mult, acc)
         elif op.endswith("-start"):              # copy-start, slice-start: prefetches
-            acc.mem(*self.async_bytes(comp, ins), mult)
+            acc.mem(*self.async_bytes(comp, ins), mult, comp, ins)
         else:
             if op == "custom-call":
                 self.custom_call(comp, ins, mult, acc)
                 if ins.target in FREE_CUSTOM_CALLS:
                     return
-            acc.mem(*self.plain_bytes(comp, ins), mult)
+            acc.mem(*self.plain_bytes(comp, ins), mult, comp, ins)
             acc.flops += self.flops(comp, ins) * mult
 
     def loop(self, comp, ins: Instr, mult: float, acc: _Acc, callers: list):
@@ -723,13 +735,26 @@ class _Walker:
         return sum(shape_bytes(self._operand(comp, o)) for o in ins.operands[k + 1:])
 
     def async_bytes(self, comp, ins: Instr) -> tuple[float, float]:
-        """copy-start / slice-start (memory-space moves): the result (its -done's output),
-        read once and written once."""
-        done = [u for u, _ in comp.users(ins.name) if u.op.endswith("-done")]
-        shape = done[0].shape if done else (leaves(ins.shape) or [()])[0]
-        src = self._operand(comp, ins.operands[0]) if ins.operands else ()
-        b = shape_bytes(shape)
-        return 2 * b, (b if _alt_bytes(shape) else 0.0) + (b if _alt_bytes(src) else 0.0)
+        """copy-start / slice-start / dynamic-(update-)slice-start (memory-space moves): what
+        moves (a slice's result, an update's update) read once from its source and written
+        once to its destination, each side only where it is not host memory (remat offload:
+        the host side of the move is not HBM traffic)."""
+        if ins.op == "dynamic-update-slice-start" and len(ins.operands) > 1:
+            src = self._operand(comp, ins.operands[1])
+            dst = self._operand(comp, ins.operands[0])
+            moved = src
+        else:
+            done = [u for u, _ in comp.users(ins.name) if u.op.endswith("-done")]
+            moved = done[0].shape if done else (leaves(ins.shape) or [()])[0]
+            src = self._operand(comp, ins.operands[0]) if ins.operands else ()
+            dst = moved
+        b = shape_bytes(moved)
+
+        def side(shape):
+            arrays = leaves(shape)
+            return 0.0 if arrays and all(a.space == HOST_MEMORY_SPACE for a in arrays) else b
+        return side(src) + side(dst), (b if _alt_bytes(dst) else 0.0) + (
+            b if _alt_bytes(src) else 0.0)
 
     def fusion_bytes(self, comp, ins: Instr, called: Computation) -> tuple[float, float]:
         """Each operand as its fused parameter is used (param_bytes), plus each output element

@@ -35,7 +35,9 @@ interconnect bytes a chip, and its time: the bound max(FLOPs / peak of the compu
 bytes / HBM bandwidth, ICI time: each collective's bytes at the rate of the links its group
 spans, collective_rate) naming what bounds it, the no-overlap sum of the three, and for the
 train step a calibrated time between them (TRAIN_CALIBRATION: where MaxText's published steps
-sit, benchmarks/calibration.py), from each chip generation's published figures (CHIPS). XLA's
+sit, benchmarks/calibration.py), for the decode its no-overlap time times how much slower
+JetStream's published decode steps are than theirs (DECODE_CALIBRATION), from each chip
+generation's published figures (CHIPS). XLA's
 per-chip memory (arguments, outputs, temporaries, aliased = donated buffers reused by outputs)
 against the chip's HBM, and by phase: what is resident during rollouts (the training state
 beside the sampler's largest program) and during the update; a predicted RL step (rl_step).
@@ -294,8 +296,10 @@ def _train_programs(cfg, mc, mesh):
 
     from supo_jax.model.sharding import batch_sharding
     from supo_jax.rl.batch import TrainBatch
-    from supo_jax.rl.train_step import make_optimizer, recompute_logprobs, train_step, trainable
+    from supo_jax.rl.train_step import make_optimizer, step_programs, trainable
 
+    # as a run on TPU compiles them (mesh.collective_matmul)
+    train_step, recompute_logprobs = step_programs("tpu", cfg.mesh.collective_matmul)
     o, r, ctx = cfg.optim, cfg.rollout, cfg.context
     graphdef, params, cdt = abstract_policy(mc, cfg.model, mesh)
     # the train step: one minibatch of the longest rows (rl.runs.row_len: the row bound)
@@ -496,7 +500,8 @@ def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0, mesh=N
     bound = max(seconds, key=seconds.get)
     top = sorted(c.collectives, key=lambda x: -x["bytes"] * x["executions"])[:6]
     top = [{k: v for k, v in x.items() if k != "group"} for x in top]
-    return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm,
+    mem = sorted(c.memory_ops, key=lambda x: -x["bytes"] * x["executions"])[:8]
+    return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm, "largest_memory_ops": mem,
             "collective_bytes_per_chip": c.collective_bytes, "seconds": seconds,
             "estimated_seconds": seconds[bound], "bound": bound,
             "no_overlap_seconds": sum(seconds.values()),
@@ -661,6 +666,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             if report["remat"]["picked"]:
                 report["programs"]["train_step"] = report["remat"].pop("program")
     report["phases"] = _phases(report)
+    calibrate(report)
     report["estimates"] = _estimates(report, mc)
     report["rl_step"] = rl_step(report, cfg, segments, generated_tokens)
     progs = {k: p for k, p in report["programs"].items() if k not in COMPARISONS}
@@ -746,24 +752,89 @@ def _phases(rep: dict) -> dict:
 TRAIN_CALIBRATION = 0.621
 
 
+def _fit(points: list[dict], key: str, value, predict) -> dict:
+    """A one-number calibration of published points: value(point) a point, `key` their mean
+    (`key`s: each point's); `leave_one_out`: each point predicted, predict(point, the mean of
+    the others' values), and its miss, predicted / measured - 1."""
+    vs = [value(p) for p in points]
+    out = {key: sum(vs) / len(vs) if vs else None,
+           key + "s": {p["point"]: v for p, v in zip(points, vs)}, "leave_one_out": []}
+    for k, p in enumerate(points):
+        rest = vs[:k] + vs[k + 1:]
+        if not rest:
+            continue
+        v = sum(rest) / len(rest)
+        t = predict(p, v)
+        out["leave_one_out"].append({"point": p["point"], key: v, "predicted_seconds": t,
+                                     "miss": t / p["seconds"] - 1})
+    return out
+
+
 def fit_calibration(points: list[dict]) -> dict:
     """The calibration of published points, each {point, seconds (measured), bound_seconds,
     no_overlap_seconds}: f_k = (seconds - bound) / (no_overlap - bound) a point, `fraction`
     their mean; `leave_one_out`: a point's step time predicted by the mean of the others'
     fractions (bound + f (no_overlap - bound)) and its miss, predicted / measured - 1."""
-    fs = [(p["seconds"] - p["bound_seconds"]) / (p["no_overlap_seconds"] - p["bound_seconds"])
-          for p in points]
-    out = {"fraction": sum(fs) / len(fs) if fs else None,
-           "fractions": {p["point"]: f for p, f in zip(points, fs)}, "leave_one_out": []}
-    for k, p in enumerate(points):
-        rest = fs[:k] + fs[k + 1:]
-        if not rest:
+    return _fit(points, "fraction",
+                lambda p: (p["seconds"] - p["bound_seconds"])
+                / (p["no_overlap_seconds"] - p["bound_seconds"]),
+                lambda p, f: p["bound_seconds"] + f * (p["no_overlap_seconds"] - p["bound_seconds"]))
+
+
+# How much slower than the planner's no-overlap time a published serving benchmark decodes
+# the same shapes on the same slice: JetStream's throughput (jetstream-pytorch benchmarks/
+# summary.md: Llama-3-8B at 128 rows, Llama-2-7B at 96, 2048 cache slots, TPU v5e-8, model
+# parallel) is 8249 and 3663 tokens/s, 15.5 and 26.2 ms a step, where the planner's band is
+# 7.6-9.7 and 17.8-19.3 ms: both beyond it, 1.60x and 1.36x its no-overlap end (what a serving
+# loop adds: the prompts' prefills between steps, idle rows, the host). Fitted by
+# benchmarks/calibration.py (fit_decode_calibration; a test checks this value against the
+# file). A factor, not a time a step: the two points fit a constant 8 ms a step as well, but a
+# constant carried to a small model's 0.01 ms step would make it 800x slower.
+DECODE_CALIBRATION = 1.479
+
+
+def fit_decode_calibration(points: list[dict]) -> dict:
+    """The decode calibration of published points, each {point, seconds (a measured decode
+    step), no_overlap_seconds (the planner's for that step)}: r_k = seconds / no_overlap a
+    point, `factor` their mean; `leave_one_out`: a point's step predicted by the others' mean
+    (no_overlap x r) and its miss, predicted / measured - 1."""
+    return _fit(points, "factor", lambda p: p["seconds"] / p["no_overlap_seconds"],
+                lambda p, r: p["no_overlap_seconds"] * r)
+
+
+def calibrated_decode_seconds(prog: dict) -> float | None:
+    """A decode chunk's calibrated time: its no-overlap time x DECODE_CALIBRATION."""
+    if DECODE_CALIBRATION is None:
+        return None
+    return prog["no_overlap_seconds"] * DECODE_CALIBRATION
+
+
+# the programs whose calibrated time is the decode's (a chunk of decode steps), and those that
+# are forward passes over long rows like the train step (no published point of their own: the
+# train step's fraction); the serving copy, a collective alone, is at no overlap
+DECODES = ("decode", "decode_training_layout", "decode_host_copy")
+FORWARDS = ("train_step", "recompute_logprobs", "prefill")
+
+
+def calibrate(rep: dict) -> None:
+    """Each compiled program's calibrated time in place: `calibrated_seconds` and
+    `calibrated_by` (what it was calibrated on)."""
+    for name, p in rep["programs"].items():
+        if "estimated_seconds" not in p:
             continue
-        f = sum(rest) / len(rest)
-        t = p["bound_seconds"] + f * (p["no_overlap_seconds"] - p["bound_seconds"])
-        out["leave_one_out"].append({"point": p["point"], "fraction": f, "predicted_seconds": t,
-                                     "miss": t / p["seconds"] - 1})
-    return out
+        if name in DECODES:
+            t = calibrated_decode_seconds(p)
+            by = "JetStream's decode: the no-overlap time x DECODE_CALIBRATION"
+        elif name in FORWARDS:
+            t = calibrated_seconds(p)
+            by = ("MaxText's train steps: the bound plus TRAIN_CALIBRATION of the gap to no "
+                  "overlap" + ("" if name == "train_step" else " (no published point of its "
+                               "own: the train step's)"))
+        else:
+            t, by = None, None
+        if t is None:
+            t, by = p["no_overlap_seconds"], "no published point: at no overlap"
+        p["calibrated_seconds"], p["calibrated_by"] = t, by
 
 
 def calibrated_seconds(prog: dict, fraction: float | None = None) -> float | None:
@@ -815,11 +886,17 @@ def _estimates(rep: dict, mc) -> dict:
         steps = s["decode_steps"]
         roof = steps * (rep["serving"]["decode_read_bytes_per_chip"] + s["cache_bytes"] / chips) \
             / rep["hbm_bandwidth_per_chip"]
-        out.update(**both(d, "rollout_tokens_per_second_per_chip",
-                          s["sampler_rows"] * steps / chips),
+        work = s["sampler_rows"] * steps / chips
+        out.update(**both(d, "rollout_tokens_per_second_per_chip", work),
                    decode_hbm_roofline_seconds=roof,
                    decode_over_roofline=d["estimated_seconds"] / roof,
                    decode_collective_bytes_per_step=d["collective_bytes_per_chip"] / steps)
+        cal = calibrated_decode_seconds(d)
+        if cal is not None:
+            out["rollout_tokens_per_second_per_chip_calibrated"] = work / cal
+            out["decode_step_seconds"] = {"bound": d["estimated_seconds"] / steps,
+                                          "calibrated": cal / steps,
+                                          "no_overlap": d["no_overlap_seconds"] / steps}
     return out
 
 
@@ -859,15 +936,17 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     updates = o.ppo_epochs * -(-rollouts * segments // s["minibatch_rows"])
 
     def phase(kind: str) -> dict:
-        # the rollout's programs have no calibration yet: its calibrated figure is no overlap
-        key = "estimated_seconds" if kind == "bound" else "no_overlap_seconds"
+        # calibrated: the decode's and the update's; resharding and prefill (no published
+        # point) at no overlap
+        key = {"bound": "estimated_seconds", "no_overlap": "no_overlap_seconds",
+               "calibrated": "calibrated_seconds"}[kind]
         rollout = p["to_serving"][key] + waves * (prefills * p["prefill"][key]
                                                   + decodes * p["decode"][key])
-        train = calibrated_seconds(p["train_step"]) if kind == "calibrated" \
-            else p["train_step"][key]
-        return {"rollout": rollout, "update": updates * train, "step": rollout + updates * train}
+        return {"rollout": rollout, "update": updates * p["train_step"][key],
+                "step": rollout + updates * p["train_step"][key]}
 
-    kinds = ["bound", "no_overlap"] + (["calibrated"] if TRAIN_CALIBRATION is not None else [])
+    kinds = ["bound", "no_overlap"] + (["calibrated"] if all(
+        "calibrated_seconds" in p[n] for n in need) else [])
     given = bool(generated_tokens) or segments != summaries + 1
     out = {"work": {"rollouts": rollouts, "segments": segments, "generated_tokens": generated,
                     "prefill_tokens": segments * s["row_len"], "waves": waves,
@@ -894,8 +973,8 @@ def format_rl_step(st: dict | None) -> list[str]:
             f"wave(s), each {w['segments']} segment(s), {w['generated_tokens']} generated tokens"
             + (" (the caps: an upper bound on the work; --segments / --generated-tokens set a "
                "run's means)" if w["assumed"] == "caps" else " (as given)")
-            + ("; calibrated: the update's, the rollout at no overlap" if "calibrated" in st
-               else ""),
+            + ("; calibrated: each program's (the serving copy at no overlap)" if "calibrated"
+               in st else ""),
             f"whole run ({st['run_steps']} steps): "
             + " / ".join(f"{st['run_chip_hours'][k]:.3g}" for k in kinds) + " chip-hours"]
 
@@ -974,7 +1053,11 @@ def format_plan(rep: dict) -> str:
         lines.append(f"  {'ICI bytes/chip':24s} {_gib(p['collective_bytes_per_chip']):>14s}   "
                      f"{sec['ici'] * 1e3:10.3f} ms")
         lines.append(f"  {'estimated time':24s} {p['estimated_seconds'] * 1e3:>11.3f} ms"
-                     f"   ({p['bound']}-bound)")
+                     f"   ({p['bound']}-bound: perfect overlap)")
+        lines.append(f"  {'no overlap':24s} {p['no_overlap_seconds'] * 1e3:>11.3f} ms")
+        if "calibrated_seconds" in p:
+            lines.append(f"  {'calibrated':24s} {p['calibrated_seconds'] * 1e3:>11.3f} ms   "
+                         f"({p['calibrated_by']})")
         loops = ", ".join(f"{lp['trip_count']}x ({lp['source']})" for lp in p["loops"])
         if loops:
             lines.append(f"  {'loops':24s} {loops}")
@@ -1008,6 +1091,13 @@ def format_plan(rep: dict) -> str:
                      + (" (below 1: the program keeps weights or cache in on-chip memory)"
                         if e["decode_over_roofline"] < 0.9 else "")
                      + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
+        if "rollout_tokens_per_second_per_chip_calibrated" in e:
+            lines.append(f"rollouts calibrated: "
+                         f"{e['rollout_tokens_per_second_per_chip_calibrated']:.0f} decode "
+                         f"tokens/s a chip, {1e3 * e['decode_step_seconds']['calibrated']:.3g} ms "
+                         "a step (the no-overlap time x how much slower JetStream's published "
+                         "decode steps are than theirs: an assumption, not a measurement; "
+                         "BENCHMARKS.md)")
     rm = rep.get("remat")
     if rm:
         def at(t):

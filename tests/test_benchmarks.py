@@ -321,22 +321,36 @@ def test_planner_calibration_is_the_committed_fit():
     """supo_jax.plan.TRAIN_CALIBRATION is the fit of benchmarks/results/calibration.json's
     compiled points (what `python benchmarks/calibration.py` wrote), and the file's
     leave-one-out figures are that fit's."""
-    from supo_jax.plan import TRAIN_CALIBRATION, fit_calibration
+    from supo_jax.plan import (DECODE_CALIBRATION, TRAIN_CALIBRATION, fit_calibration,
+                               fit_decode_calibration)
+    sys.path.insert(0, BENCH)
+    import calibration
 
     res = json.load(open(os.path.join(BENCH, "results", "calibration.json")))["results"]
-    rows = [r for r in res["rows"] if "error" not in r and not r.get("smoke")]
+    ok = [r for r in res["rows"] if "error" not in r and not r.get("smoke")]
+    rows = [r for r in ok if r["point"] in calibration.POINTS]
     fit = fit_calibration(rows)
     assert len(rows) >= 2 and TRAIN_CALIBRATION == pytest.approx(fit["fraction"], abs=5e-4)
-    assert [x["point"] for x in res["fit"]["leave_one_out"]] == [
-        x["point"] for x in fit["leave_one_out"]]
-    assert [x["miss"] for x in res["fit"]["leave_one_out"]] == pytest.approx(
-        [x["miss"] for x in fit["leave_one_out"]])
+    for name, f in (("fit", fit), ("decode_fit", fit_decode_calibration(
+            [r for r in ok if r["point"] in calibration.DECODE_POINTS]))):
+        assert [x["point"] for x in res[name]["leave_one_out"]] == [
+            x["point"] for x in f["leave_one_out"]]
+        assert [x["miss"] for x in res[name]["leave_one_out"]] == pytest.approx(
+            [x["miss"] for x in f["leave_one_out"]])
+    dec = fit_decode_calibration([r for r in ok if r["point"] in calibration.DECODE_POINTS])
+    assert len(dec["factors"]) >= 2
+    assert DECODE_CALIBRATION == pytest.approx(dec["factor"], abs=5e-4)
+    # a measured step is rows / the published throughput
+    for r in ok:
+        if r["point"] in calibration.DECODE_POINTS:
+            assert r["seconds"] == pytest.approx(r["rows"] / r["tokens_per_second"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_calibration_smoke_writes_a_row_and_its_table(tmp_path):
     """benchmarks/calibration.py --smoke compiles the tiny model's train step for v6e-8 and
-    writes a row with its band beside the published figures; the table renders."""
+    its decode for v5e-8 and writes a row each with its band beside the published figures;
+    the tables render."""
     sys.path.insert(0, BENCH)
     import calibration
 
@@ -345,7 +359,11 @@ def test_calibration_smoke_writes_a_row_and_its_table(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((tmp_path / "calibration.json").read_text())
-    [row] = res["results"]["rows"]
-    assert row["smoke"] and 0 < row["bound_seconds"] <= row["no_overlap_seconds"]
-    assert set(row["parts_seconds"]) == {"compute", "hbm", "ici"}
-    assert "| llama3.1-8b_v6e-8 | 3 x 8192 |" in calibration.markdown(res)
+    rows = res["results"]["rows"]
+    assert [r["point"] for r in rows] == ["llama3.1-8b_v6e-8", "llama3-8b_v5e-8_decode"]
+    for row in rows:
+        assert row["smoke"] and 0 < row["bound_seconds"] <= row["no_overlap_seconds"]
+        assert set(row["parts_seconds"]) == {"compute", "hbm", "ici"}
+    assert rows[1]["decode_steps"] >= 1 and rows[1]["cache_slots"] == 256
+    md = calibration.markdown(res)
+    assert "| llama3.1-8b_v6e-8 | 3 x 8192 |" in md and "| llama3-8b_v5e-8_decode | 128 x 2048 |" in md

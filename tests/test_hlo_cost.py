@@ -346,6 +346,30 @@ ENTRY %main (a: f32[16]) -> (f32[64], f32[16], f32[16]) {
     assert cost.flops == 0 and cost.loops == []
 
 
+def test_offload_moves_count_what_moves_on_the_hbm_side():
+    """Remat offload's async moves (TPU: a layer's input into a host buffer of every layer's,
+    S(5), and back): a dynamic-update-slice-start moves its update, not the whole buffer it
+    updates, and a dynamic-slice-start its slice; the host side of each is not HBM traffic
+    (one read of the update from HBM, one write of the slice into HBM)."""
+    text = """HloModule m, replica_count=1
+
+ENTRY %main (buf: f32[8,16], x: f32[1,16], i: s32[]) -> f32[1,16] {
+  %buf = f32[8,16]{1,0:S(5)} parameter(0)
+  %x = f32[1,16]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %us = ((f32[8,16]{1,0:S(5)}, f32[1,16]{1,0}, s32[], s32[]), f32[8,16]{1,0:S(5)}, u32[]) dynamic-update-slice-start(%buf, %x, %i, %z)
+  %ud = f32[8,16]{1,0:S(5)} dynamic-update-slice-done(%us)
+  %ss = ((f32[8,16]{1,0:S(5)}, s32[], s32[]), f32[1,16]{1,0}, u32[]) dynamic-slice-start(%ud, %i, %z), dynamic_slice_sizes={1,16}
+  ROOT %sd = f32[1,16]{1,0} dynamic-slice-done(%ss)
+}
+"""
+    cost = hlo_cost(text)
+    assert cost.hbm_bytes == 16 * 4 + 16 * 4 and cost.alt_memory_bytes == 0
+    assert [(m["op"], m["bytes"]) for m in cost.memory_ops] == [
+        ("dynamic-update-slice-start", 64), ("dynamic-slice-start", 64)]
+
+
 # -- real TPU HLO (compile only) ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -509,3 +533,18 @@ def test_fit_calibration_by_hand():
     assert b["predicted_seconds"] == pytest.approx(1.0 + 0.5 * 4.0)     # a's f = 0.5
     assert calibrated_seconds({"estimated_seconds": 2.0, "no_overlap_seconds": 4.0},
                               0.75) == pytest.approx(3.5)
+
+
+def test_fit_decode_calibration_by_hand():
+    """Two decode steps 1.5x and 2x their no-overlap times: r = 1.75; each left out is
+    predicted from the other's; a chunk's calibrated time is its no-overlap time x r."""
+    from supo_jax import plan
+    pts = [{"point": "a", "seconds": 0.015, "no_overlap_seconds": 0.010},
+           {"point": "b", "seconds": 0.040, "no_overlap_seconds": 0.020}]
+    fit = plan.fit_decode_calibration(pts)
+    assert fit["factor"] == pytest.approx(1.75)
+    a, b = fit["leave_one_out"]
+    assert a["predicted_seconds"] == pytest.approx(0.020) and a["miss"] == pytest.approx(1 / 3)
+    assert b["predicted_seconds"] == pytest.approx(0.030) and b["miss"] == pytest.approx(-0.25)
+    assert plan.calibrated_decode_seconds({"no_overlap_seconds": 0.5}) == pytest.approx(
+        0.5 * plan.DECODE_CALIBRATION)

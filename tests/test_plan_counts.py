@@ -238,3 +238,35 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     assert rep["remat"]["picked"] is None and not rep["fits"]
     assert [t["remat"] for t in rep["remat"]["tried"]] == ["full", "offload"]
     assert "no remat policy fits" in P.format_plan(rep)
+
+
+@pytest.mark.slow
+def test_tpu_programs_compile_without_collective_matmul_unless_asked(tmp_path):
+    """mesh.collective_matmul: the train-side programs compile for TPU as a run compiles them
+    (supo_jax.rl.train_step.step_programs): by default without XLA's windowed einsum (no
+    windowed loops in the HLO, MaxText's recipes' setting), with it when asked; the windowed
+    form accumulates partial sums in HBM (more HBM bytes, the same FLOPs). A model wide enough
+    for XLA to choose the windowed form (hidden 2048, 16 rows x 4096 tokens on v6e-8)."""
+    from supo_jax.plan import plan
+
+    path = tmp_path / "wide"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    got = {}
+    for cm in (False, True):
+        cfg = _cfg("optim.minibatch_rows=16", "optim.micro=1", "optim.max_row_len=4096",
+                   "optim.recompute_old_logprobs=true", f"mesh.collective_matmul={cm}")
+        dump = tmp_path / f"hlo_{cm}"
+        rep = plan(cfg, "v6e-8", programs=("recompute_logprobs",), model_config=str(path),
+                   dump=str(dump))
+        got[cm] = (rep["programs"]["recompute_logprobs"],
+                   "windowed_dot_general" in (dump / "recompute_logprobs.hlo.txt").read_text())
+    assert got[False][1] is False and got[True][1] is True
+    assert got[True][0]["hbm_bytes_per_chip"] > 1.05 * got[False][0]["hbm_bytes_per_chip"]
+    assert got[True][0]["flops_per_chip"] == pytest.approx(got[False][0]["flops_per_chip"],
+                                                           rel=0.02)

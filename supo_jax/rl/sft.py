@@ -206,23 +206,26 @@ class SFTStopped(Exception):
 
 def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, batch_rows: int,
               max_len: int, seed: int = 0, progress=None, stop=None,
-              ckpt_dir: str | None = None) -> list[dict]:
+              ckpt_dir: str | None = None, collective_matmul: bool = False) -> list[dict]:
     """Train `policy` in place on the segments' masked tokens; returns per-step metrics.
 
     stop() -> bool, asked after every step: when true, the parameters, optimizer state and
     step go to ckpt_dir (an Orbax checkpoint, collective) and SFTStopped is raised; a later
     call with the same arguments and ckpt_dir goes on from that step as if never stopped
     (the batches are redrawn from the seed) and removes ckpt_dir when it ends."""
+    import jax
     import optax
     from flax import nnx
 
     from supo_jax.checkpoint import RunCheckpoints
     from supo_jax.rl.batch import build_batch
     from supo_jax.rl.train_step import (LossConfig, init_opt_state, join_trainable,
-                                        make_optimizer, split_trainable, train_step, trainable)
+                                        make_optimizer, split_trainable, step_programs,
+                                        trainable)
 
     if not segments:
         raise ValueError("no demonstrations to train on")
+    train_step = step_programs(jax.default_backend(), collective_matmul)[0]
     graphdef, params = policy.split()
     warmup = max(1, steps // 10)   # one update per step: the schedule counts updates
     tx = make_optimizer(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)))

@@ -185,3 +185,25 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *, tx, cfg: LossC
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(skip, b, a), new, old)
     return (keep(new_params, params), keep(new_opt_state, opt_state),
             dict(metrics, skipped=skip.astype(jnp.float32)))
+
+
+# XLA:TPU without its windowed einsum ("collective matmul": a sharded matmul computed shard
+# by shard while the next shard arrives, partial sums accumulated in HBM), as MaxText's
+# trillium recipes compile (its xla_flags_library.DISABLE_COLLECTIVE_MATMUL): compiled with
+# it, the 8B train step on v6e-8 read and wrote twice the HBM bytes (experiments/LOG.md,
+# 2026-12-02)
+NO_COLLECTIVE_MATMUL = {"xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000}
+_TPU_STEPS = (
+    jax.jit(train_step.__wrapped__, static_argnames=("graphdef", "tx", "cfg", "micro"),
+            donate_argnums=(1, 2), compiler_options=NO_COLLECTIVE_MATMUL),
+    jax.jit(recompute_logprobs.__wrapped__, static_argnames=("graphdef", "cfg"),
+            compiler_options=NO_COLLECTIVE_MATMUL))
+
+
+def step_programs(platform: str, collective_matmul: bool = False):
+    """(train_step, recompute_logprobs) as a run on `platform` ("tpu", "gpu", "cpu") compiles
+    them: on TPU without XLA's windowed einsum unless collective_matmul
+    (mesh.collective_matmul); elsewhere with XLA's defaults (the option is XLA:TPU's)."""
+    if platform == "tpu" and not collective_matmul:
+        return _TPU_STEPS
+    return train_step, recompute_logprobs

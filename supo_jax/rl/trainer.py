@@ -53,8 +53,7 @@ from supo_jax.rl.runs import (build_policy, check_prompt_fits, check_resume_conf
                               sampler_rows, save_policy, serving_policy)
 from supo_jax.rl.sft import SFTStopped
 from supo_jax.rl.train_step import (init_opt_state, join_trainable, learning_rate,
-                                    make_optimizer, recompute_logprobs, split_trainable,
-                                    train_step, trainable)
+                                    make_optimizer, split_trainable, step_programs, trainable)
 from supo_jax.sampling.sampler import SamplingParams
 from supo_jax.utils import json_safe
 
@@ -292,7 +291,7 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
     bar = progress_bar(s.steps, "sft (warm start steps)", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
                      max_len=max_len, seed=cfg.train.seed, stop=stop, ckpt_dir=ckpt_dir,
-                     progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
+                     collective_matmul=cfg.mesh.collective_matmul, progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
                      if bar else None)
     if bar:
         bar.close()
@@ -712,7 +711,7 @@ def rl_step(run: Run, step: int, tasks: Sequence[dict], *, max_len: int, loss_cf
         run.params, run.opt_state, upd = ppo_update(
             run.policy, run.graphdef, run.params, run.opt_state, batch, tx=run.tx,
             loss_cfg=loss_cfg, optim=o, mesh=run.mesh, seed=hash_seed(cfg.train.seed, step) + 1,
-            ref_params=run.ref_params,
+            ref_params=run.ref_params, collective_matmul=cfg.mesh.collective_matmul,
             lr=learning_rate(step, o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
                              total_steps=cfg.train.steps))
     t2 = time.time()
@@ -770,8 +769,8 @@ def finish(run: Run, history: list, metrics_log: MetricsLog) -> dict:
 def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
                opt_state: optax.OptState, batch: TrainBatch, *, tx: optax.GradientTransformation,
                loss_cfg: LossConfig, optim: OptimSection, mesh: Mesh | None, seed: int,
-               ref_params: nnx.State | None = None, lr: float | None = None
-               ) -> tuple[nnx.State, optax.OptState, dict]:
+               ref_params: nnx.State | None = None, lr: float | None = None,
+               collective_matmul: bool = False) -> tuple[nnx.State, optax.OptState, dict]:
     """One RL step's update: optim.ppo_epochs passes over the batch in minibatches of
     optim.minibatch_rows, shuffled by `seed` (old logprobs recomputed first when
     optim.recompute_old_logprobs, the sampler's then corrected for as
@@ -781,12 +780,14 @@ def ppo_update(policy: Policy, graphdef: nnx.GraphDef, params: nnx.State,
     with mesh_scope(mesh):
         return _ppo_update(policy, graphdef, params, opt_state, batch, tx=tx,
                            loss_cfg=loss_cfg, optim=optim, mesh=mesh, seed=seed,
-                           ref_params=ref_params, lr=lr)
+                           ref_params=ref_params, lr=lr, collective_matmul=collective_matmul)
 
 
 def _ppo_update(policy, graphdef, params, opt_state, batch, *, tx, loss_cfg, optim, mesh, seed,
-                ref_params, lr):
+                ref_params, lr, collective_matmul):
     o = optim
+    # on TPU without XLA's windowed einsum unless mesh.collective_matmul
+    train_step, recompute_logprobs = step_programs(jax.default_backend(), collective_matmul)
     correction = {}
     if o.recompute_old_logprobs:
         prox = host_array(recompute_logprobs(graphdef, params, place_batch(batch, mesh),
