@@ -6,20 +6,21 @@ For each published point the train step of the same shapes (its rows a chip of i
 one micro-batch, FSDP over the slice: `supo-jax plan --config paper_fncall_supo.py` with
 optim.minibatch_rows / micro / max_row_len set) is compiled for that slice on this CPU host
 (supo_jax.plan, libtpu's description of the slice; verified by compilation, nothing runs on a
-TPU). Its perfect-overlap bound t_b (max of compute, HBM, ICI time) and its no-overlap time
-t_n (their sum) are set beside the measured step time t. The calibration is one number: the
-fraction of the way from the bound to the no-overlap time at which the published steps sit,
-f_k = (t - t_b) / (t_n - t_b), f their mean (supo_jax.plan.fit_calibration; the planner's
-`_calibrated` figures use f). Leave-one-out: f fitted without point k predicts k's step time;
-the miss is predicted / measured - 1. The calibration assumes our programs sit as far from
-their bounds as MaxText's do: it is not a measurement of ours. MaxText's programs are not
-ours (its remat policy offloads layer inputs, its flash attention blocks differ): the fit
-absorbs that difference along with the overlap.
+TPU), with the recipe's collective-matmul setting (mesh.collective_matmul). Its
+perfect-overlap bound t_b (max of compute, HBM, ICI time) and its no-overlap time t_n (their
+sum) are set beside the measured step time t. The calibration is one number: how much slower
+the published steps run than the planner's no-overlap time, r_k = t / t_n, r their mean
+(supo_jax.plan.fit_calibration; the planner's `_calibrated` figures are t_n x r). Every
+published point is slower than t_n (a chip overlapping nothing, at the published peak and
+bandwidths), so r is a factor on the band's slow end, not a place inside the band.
+Leave-one-out: r fitted without point k predicts k's step time; the miss is predicted /
+measured - 1. The calibration assumes our programs run as far beyond the planner's figures
+as MaxText's do: it is not a measurement of ours. MaxText's programs are not ours (its remat
+policy offloads more, its flash attention blocks differ): the fit absorbs that difference.
 
 The decode: JetStream's published serving throughput (AI-Hypercomputer/jetstream-pytorch,
-benchmarks/summary.md) beside the decode chunk of the same shapes on the same slice; the
-calibration is how much slower a measured step is than the planner's no-overlap time (the
-mean of the points' ratios).
+benchmarks/summary.md) beside the decode chunk of the same shapes on the same slice; its
+calibration is of the same form, a step's measured time over the planner's no-overlap time.
 
     python benchmarks/calibration.py                 # every point; writes results/calibration.json
     python benchmarks/calibration.py --only NAME,... # some points (the others' rows are kept)
@@ -173,11 +174,11 @@ def plan_decode_point(name: str, smoke: bool = False) -> dict:
 
 def _fits(rows: list[dict]) -> tuple[dict, dict]:
     """The train calibration of the compiled train points, and the decode's."""
-    from supo_jax.plan import fit_calibration, fit_decode_calibration
+    from supo_jax.plan import fit_calibration
 
     ok = [r for r in rows if "error" not in r]
     return (fit_calibration([r for r in ok if r["point"] in POINTS]),
-            fit_decode_calibration([r for r in ok if r["point"] in DECODE_POINTS]))
+            fit_calibration([r for r in ok if r["point"] in DECODE_POINTS]))
 
 
 def main(argv=None):
@@ -199,8 +200,8 @@ def main(argv=None):
                               targets=targets(rows, fit, decode_fit))
         with open(fn, "w") as f:
             json.dump(res, f, indent=1)
-        print(f"refitted {fn}: f = {fit['fraction']:.3f}, decode {decode_fit['factor']:.3f}x "
-              "no overlap")
+        print(f"refitted {fn}: train {fit['factor']:.3f}x, decode {decode_fit['factor']:.3f}x "
+              "the no-overlap time")
         return
     run = common.Run("calibration", args, argv)
     only = args.only.split(",")
@@ -272,33 +273,35 @@ def markdown(res: dict) -> str:
     fit = r["fit"]
     loo = {x["point"]: x for x in fit.get("leave_one_out", [])}
     lines = ["Published train steps (MaxText on TPU v6e, tpu-recipes) beside the planner's band "
-             "for the same shapes: the perfect-overlap bound, the no-overlap time, and where "
-             "the measured step sits between them (f: 0 at the bound, 1 at no overlap). The "
-             "planner's programs are compiled for the slice on a CPU host (verified by "
-             "compilation); the measured times are MaxText's, not ours.", "",
+             "for the same shapes (the recipe's remat and collective-matmul settings): the "
+             "perfect-overlap bound, the no-overlap time, and the measured step over the "
+             "no-overlap time (r). The planner's programs are compiled for the slice on a CPU "
+             "host (verified by compilation); the measured times are MaxText's, not ours.", "",
              "| point | rows a chip x tokens | measured s (tok/s a chip) | bound s (what) | "
-             "no overlap s | f | left out: predicted s (miss) | source |",
-             "|---|---|---|---|---|---|---|---|"]
+             "no overlap s | r | left out: predicted s (miss) | fits | source |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for x in (x for x in r["rows"] if x["point"] in POINTS):
         if "error" in x:
             lines.append(f"| {x['point']} | {x['rows_per_chip']} x {x['seq']} | "
                          f"{x['seconds']:.3f} ({x['tokens_per_second_per_chip']:,.0f}) | did not "
-                         f"compile: {x['error'][:90]} | - | - | - | {x['source']} |")
+                         f"compile: {x['error'][:90]} | - | - | - | - | {x['source']} |")
             continue
         lo = loo.get(x["point"])
-        f = (x["seconds"] - x["bound_seconds"]) / (x["no_overlap_seconds"] - x["bound_seconds"])
         lines.append(
             f"| {x['point']} | {x['rows_per_chip']} x {x['seq']} | {x['seconds']:.3f} "
             f"({x['tokens_per_second_per_chip']:,.0f}) | {x['bound_seconds']:.3f} ({x['bound']}) | "
-            f"{x['no_overlap_seconds']:.3f} | {f:.2f} | "
+            f"{x['no_overlap_seconds']:.3f} | {x['seconds'] / x['no_overlap_seconds']:.2f} | "
             + (f"{lo['predicted_seconds']:.3f} ({100 * lo['miss']:+.1f}%)" if lo else "-")
-            + f" | {x['source']} |")
-    lines += ["", f"Fit: f = {fit['fraction']:.3f}, the mean of the points' fractions "
+            + f" | {'yes' if x['fits'] else 'no'} ({x['bytes_per_chip']['total'] / 2**30:.1f} "
+            f"GiB) | {x['source']} |")
+    lines += ["", f"Fit: r = {fit['factor']:.3f}, the mean of the points' "
               "(supo_jax.plan.fit_calibration; `TRAIN_CALIBRATION` in supo_jax/plan.py, checked "
-              "against this file by a test). The planner's `train_*_calibrated` figures are "
-              "the bound's time plus f of the gap to the no-overlap time. This assumes our "
-              "programs sit as far from their bounds as MaxText's do; it is not a measurement "
-              "of ours. Rows by commit: " + "; ".join(sorted({
+              "against this file by a test). Every published step is slower than the "
+              "planner's no-overlap time (a chip overlapping nothing at its published peak and "
+              "bandwidths): the planner's `train_*_calibrated` figures are the no-overlap time "
+              "x r, a factor on the band's slow end. This assumes our programs run as far "
+              "beyond the planner's figures as MaxText's do; it is not a measurement of ours. "
+              "Rows by commit: " + "; ".join(sorted({
                   f"{x['point']} {x['made'].get('commit', '?')}" for x in r["rows"]})) + "."]
     dec = [x for x in r["rows"] if x["point"] in DECODE_POINTS]
     dfit = r.get("decode_fit") or {}
@@ -327,7 +330,7 @@ def markdown(res: dict) -> str:
                 + (f"{1e3 * lo['predicted_seconds']:.2f} ({100 * lo['miss']:+.1f}%)" if lo
                    else "-") + f" | {x['source']} |")
         lines += ["", f"Fit: r = {dfit['factor']:.3f}, the mean of the points' "
-                  "(supo_jax.plan.fit_decode_calibration; `DECODE_CALIBRATION` in "
+                  "(supo_jax.plan.fit_calibration; `DECODE_CALIBRATION` in "
                   "supo_jax/plan.py, checked against this file by a test). Both measured steps "
                   "lie beyond the planner's band, slower than its no-overlap time: what a "
                   "serving loop adds (the prompts' prefills between steps, idle rows, the "

@@ -207,11 +207,11 @@ def _mfu(e: dict) -> str:
 
 
 def _rl_step(st) -> str:
-    """The predicted RL step: bound / calibrated / no-overlap seconds, and the run's
+    """The predicted RL step: bound / no-overlap / calibrated seconds, and the run's
     chip-hours at the calibrated figure (else at no overlap)."""
     if not st:
         return "-"
-    kinds = [k for k in ("bound", "calibrated", "no_overlap") if k in st]
+    kinds = [k for k in ("bound", "no_overlap", "calibrated") if k in st]
     hours = st["run_chip_hours"].get("calibrated", st["run_chip_hours"]["no_overlap"])
     return " / ".join(f"{st[k]['step']:,.0f}" for k in kinds) + f" ({hours:,.0f})"
 
@@ -225,10 +225,10 @@ def markdown(res: dict) -> str:
            "and ICI time (each collective at the rate of the links its group spans, "
            "supo_jax.plan.collective_rate; the published figures of the chip's system "
            "architecture page, supo_jax.plan.CHIPS), and its bound is which one; with no "
-           "overlap the three add up; the train step's calibrated figure sits where MaxText's "
-           "published steps sit between the two, the decode's is the bound plus what "
-           "JetStream's published decode steps take beyond theirs (see the calibration "
-           "section). "
+           "overlap the three add up; the calibrated figure is the no-overlap time times how much "
+           "slower MaxText's published train steps (the train step, the prefill) and "
+           "JetStream's published decode (the decode) run than the planner's no-overlap time "
+           "for them (see the calibration section). "
            "Resident GiB a chip by phase: rollouts, the training state (parameters, AdamW state) "
            "beside the sampler's largest program (the serving copy being made, prefill or "
            "decode, each with the serving weights and the KV cache); the update, the train "
@@ -243,9 +243,8 @@ def markdown(res: dict) -> str:
            "phases fit; overrides are the settings changed to fit a slice. RL step: "
            "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
            "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
-           "calibrated (the update's and the decode's; resharding and prefill at no overlap) / no "
-           "overlap, and the whole "
-           "run's chip-hours at the calibrated figure.", "",
+           "no overlap / calibrated (each program's calibrated time; the serving copy at no "
+           "overlap), and the whole run's chip-hours at the calibrated figure.", "",
            "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
            "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
            "tok/s/chip, ICI MiB a step | decode, serving layout: bound, tok/s/chip, ICI MiB a "

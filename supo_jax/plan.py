@@ -34,10 +34,10 @@ For each program, from the compiled HLO walked with every loop's trip count
 interconnect bytes a chip, and its time: the bound max(FLOPs / peak of the compute dtype, HBM
 bytes / HBM bandwidth, ICI time: each collective's bytes at the rate of the links its group
 spans, collective_rate) naming what bounds it, the no-overlap sum of the three, and for the
-train step a calibrated time between them (TRAIN_CALIBRATION: where MaxText's published steps
-sit, benchmarks/calibration.py), for the decode its no-overlap time times how much slower
-JetStream's published decode steps are than theirs (DECODE_CALIBRATION), from each chip
-generation's published figures (CHIPS). XLA's
+train step and the decode a calibrated time: the no-overlap time times how much slower
+MaxText's published train steps and JetStream's published decode run than the planner's
+no-overlap time for them (TRAIN_CALIBRATION, DECODE_CALIBRATION; benchmarks/calibration.py),
+from each chip generation's published figures (CHIPS). XLA's
 per-chip memory (arguments, outputs, temporaries, aliased = donated buffers reused by outputs)
 against the chip's HBM, and by phase: what is resident during rollouts (the training state
 beside the sampler's largest program) and during the update; a predicted RL step (rl_step).
@@ -743,75 +743,51 @@ def _phases(rep: dict) -> dict:
     return out
 
 
-# Where MaxText's published train steps sit between the planner's two figures for the same
-# shapes on the same slices: the fraction of the way from the perfect-overlap bound (0) to
-# the no-overlap time (1). Fitted by benchmarks/calibration.py (benchmarks/results/
-# calibration.json, fit_calibration; a test checks this value against that file): three
-# points (Llama-3.1-8B on v6e-8 and v6e-16, Mistral-7B on v6e-8, remat offload), the fraction
-# 0.76, 0.33 and 0.77 of the way each, each within 25% of its step time when left out.
-TRAIN_CALIBRATION = 0.621
+# How much slower than the planner's no-overlap time (compute, HBM and ICI one after another,
+# each at the chip's published rate) published measurements of the same shapes on the same
+# slices run: the calibrated time of a program is its no-overlap time times the factor.
+# Fitted by benchmarks/calibration.py (benchmarks/results/calibration.json, fit_calibration; a
+# test checks these values against that file). Train: MaxText's train steps (tpu-recipes,
+# trillium: Llama-3.1-8B on v6e-8, v6e-16 and v6e-256, Mistral-7B on v6e-8, Llama-3.1-70B on
+# v6e-32, each at the recipe's remat and collective-matmul settings), 1.32-1.38x each, each
+# point within 3.1% of its time when left out of the fit. Decode: JetStream's serving
+# throughput (jetstream-pytorch benchmarks/summary.md: Llama-3-8B at 128 rows, Llama-2-7B at
+# 96, 2048 cache slots, v5e-8, model parallel), 1.60x and 1.36x (a serving loop adds the
+# prompts' prefills between steps, idle rows, the host), each within 18% left out. Every
+# published point lies beyond the planner's band: a factor on its slow end, not a fraction of
+# it. (The decode points fit a constant 8 ms a step beyond the bound as well, but carried to a
+# small model's 0.01 ms step a constant would make it 800x slower; a factor does not.)
+TRAIN_CALIBRATION = 1.353
+DECODE_CALIBRATION = 1.479
 
 
-def _fit(points: list[dict], key: str, value, predict) -> dict:
-    """A one-number calibration of published points: value(point) a point, `key` their mean
-    (`key`s: each point's); `leave_one_out`: each point predicted, predict(point, the mean of
-    the others' values), and its miss, predicted / measured - 1."""
-    vs = [value(p) for p in points]
-    out = {key: sum(vs) / len(vs) if vs else None,
-           key + "s": {p["point"]: v for p, v in zip(points, vs)}, "leave_one_out": []}
+def fit_calibration(points: list[dict]) -> dict:
+    """A calibration of published points, each {point, seconds (measured), no_overlap_seconds
+    (the planner's for the same program)}: r_k = seconds / no_overlap a point, `factor` their
+    mean (`factors`: each point's); `leave_one_out`: each point predicted from the mean of the
+    others' (no_overlap x r) and its miss, predicted / measured - 1."""
+    rs = [p["seconds"] / p["no_overlap_seconds"] for p in points]
+    out = {"factor": sum(rs) / len(rs) if rs else None,
+           "factors": {p["point"]: r for p, r in zip(points, rs)}, "leave_one_out": []}
     for k, p in enumerate(points):
-        rest = vs[:k] + vs[k + 1:]
+        rest = rs[:k] + rs[k + 1:]
         if not rest:
             continue
-        v = sum(rest) / len(rest)
-        t = predict(p, v)
-        out["leave_one_out"].append({"point": p["point"], key: v, "predicted_seconds": t,
+        r = sum(rest) / len(rest)
+        t = p["no_overlap_seconds"] * r
+        out["leave_one_out"].append({"point": p["point"], "factor": r, "predicted_seconds": t,
                                      "miss": t / p["seconds"] - 1})
     return out
 
 
-def fit_calibration(points: list[dict]) -> dict:
-    """The calibration of published points, each {point, seconds (measured), bound_seconds,
-    no_overlap_seconds}: f_k = (seconds - bound) / (no_overlap - bound) a point, `fraction`
-    their mean; `leave_one_out`: a point's step time predicted by the mean of the others'
-    fractions (bound + f (no_overlap - bound)) and its miss, predicted / measured - 1."""
-    return _fit(points, "fraction",
-                lambda p: (p["seconds"] - p["bound_seconds"])
-                / (p["no_overlap_seconds"] - p["bound_seconds"]),
-                lambda p, f: p["bound_seconds"] + f * (p["no_overlap_seconds"] - p["bound_seconds"]))
-
-
-# How much slower than the planner's no-overlap time a published serving benchmark decodes
-# the same shapes on the same slice: JetStream's throughput (jetstream-pytorch benchmarks/
-# summary.md: Llama-3-8B at 128 rows, Llama-2-7B at 96, 2048 cache slots, TPU v5e-8, model
-# parallel) is 8249 and 3663 tokens/s, 15.5 and 26.2 ms a step, where the planner's band is
-# 7.6-9.7 and 17.8-19.3 ms: both beyond it, 1.60x and 1.36x its no-overlap end (what a serving
-# loop adds: the prompts' prefills between steps, idle rows, the host). Fitted by
-# benchmarks/calibration.py (fit_decode_calibration; a test checks this value against the
-# file). A factor, not a time a step: the two points fit a constant 8 ms a step as well, but a
-# constant carried to a small model's 0.01 ms step would make it 800x slower.
-DECODE_CALIBRATION = 1.479
-
-
-def fit_decode_calibration(points: list[dict]) -> dict:
-    """The decode calibration of published points, each {point, seconds (a measured decode
-    step), no_overlap_seconds (the planner's for that step)}: r_k = seconds / no_overlap a
-    point, `factor` their mean; `leave_one_out`: a point's step predicted by the others' mean
-    (no_overlap x r) and its miss, predicted / measured - 1."""
-    return _fit(points, "factor", lambda p: p["seconds"] / p["no_overlap_seconds"],
-                lambda p, r: p["no_overlap_seconds"] * r)
-
-
-def calibrated_decode_seconds(prog: dict) -> float | None:
-    """A decode chunk's calibrated time: its no-overlap time x DECODE_CALIBRATION."""
-    if DECODE_CALIBRATION is None:
-        return None
-    return prog["no_overlap_seconds"] * DECODE_CALIBRATION
+def calibrated_seconds(prog: dict, factor: float | None) -> float | None:
+    """A program's calibrated time: its no-overlap time x `factor` (None: no calibration)."""
+    return None if factor is None else prog["no_overlap_seconds"] * factor
 
 
 # the programs whose calibrated time is the decode's (a chunk of decode steps), and those that
 # are forward passes over long rows like the train step (no published point of their own: the
-# train step's fraction); the serving copy, a collective alone, is at no overlap
+# train step's factor); the serving copy, a collective alone, is at no overlap
 DECODES = ("decode", "decode_training_layout", "decode_host_copy")
 FORWARDS = ("train_step", "recompute_logprobs", "prefill")
 
@@ -822,28 +798,18 @@ def calibrate(rep: dict) -> None:
     for name, p in rep["programs"].items():
         if "estimated_seconds" not in p:
             continue
+        t = None
         if name in DECODES:
-            t = calibrated_decode_seconds(p)
+            t = calibrated_seconds(p, DECODE_CALIBRATION)
             by = "JetStream's decode: the no-overlap time x DECODE_CALIBRATION"
         elif name in FORWARDS:
-            t = calibrated_seconds(p)
-            by = ("MaxText's train steps: the bound plus TRAIN_CALIBRATION of the gap to no "
-                  "overlap" + ("" if name == "train_step" else " (no published point of its "
-                               "own: the train step's)"))
-        else:
-            t, by = None, None
+            t = calibrated_seconds(p, TRAIN_CALIBRATION)
+            by = ("MaxText's train steps: the no-overlap time x TRAIN_CALIBRATION"
+                  + ("" if name == "train_step" else " (no published point of its own: the "
+                     "train step's)"))
         if t is None:
             t, by = p["no_overlap_seconds"], "no published point: at no overlap"
         p["calibrated_seconds"], p["calibrated_by"] = t, by
-
-
-def calibrated_seconds(prog: dict, fraction: float | None = None) -> float | None:
-    """A program's calibrated time: its bound plus TRAIN_CALIBRATION (or `fraction`) of the
-    gap to its no-overlap time; None without a calibration."""
-    f = TRAIN_CALIBRATION if fraction is None else fraction
-    if f is None:
-        return None
-    return prog["estimated_seconds"] + f * (prog["no_overlap_seconds"] - prog["estimated_seconds"])
 
 
 def _estimates(rep: dict, mc) -> dict:
@@ -859,8 +825,8 @@ def _estimates(rep: dict, mc) -> dict:
     def both(prog, name, work, calibrated=False):  # work / time: bound, no overlap, calibrated
         out_ = {f"{name}_bound": work / prog["estimated_seconds"],
                 f"{name}_no_overlap": work / prog["no_overlap_seconds"]}
-        if calibrated and calibrated_seconds(prog) is not None:
-            out_[f"{name}_calibrated"] = work / calibrated_seconds(prog)
+        if calibrated and "calibrated_seconds" in prog:
+            out_[f"{name}_calibrated"] = work / prog["calibrated_seconds"]
         return out_
 
     ts = p.get("train_step", {})
@@ -871,9 +837,9 @@ def _estimates(rep: dict, mc) -> dict:
                    **both(ts, "train_mfu", model / rep["peak_flops_per_chip"], True),
                    **both(ts, "train_tokens_per_second_per_chip",
                           s["minibatch_rows"] * s["row_len"] / chips, True))
-        if calibrated_seconds(ts) is not None:
+        if "calibrated_seconds" in ts:
             out["train_step_seconds"] = {"bound": ts["estimated_seconds"],
-                                         "calibrated": calibrated_seconds(ts),
+                                         "calibrated": ts["calibrated_seconds"],
                                          "no_overlap": ts["no_overlap_seconds"]}
     t = p.get("decode_training_layout", {})
     if "estimated_seconds" in t:
@@ -891,7 +857,7 @@ def _estimates(rep: dict, mc) -> dict:
                    decode_hbm_roofline_seconds=roof,
                    decode_over_roofline=d["estimated_seconds"] / roof,
                    decode_collective_bytes_per_step=d["collective_bytes_per_chip"] / steps)
-        cal = calibrated_decode_seconds(d)
+        cal = d.get("calibrated_seconds")
         if cal is not None:
             out["rollout_tokens_per_second_per_chip_calibrated"] = work / cal
             out["decode_step_seconds"] = {"bound": d["estimated_seconds"] / steps,
@@ -905,8 +871,8 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     """A predicted RL step of the run from its compiled programs' times: the rollout phase
     (the serving copy once; each wave of sampler rows prefilling its context and decoding its
     generated tokens) plus the update phase (ppo_epochs passes over every segment's row, a
-    train step a minibatch), each as a band (bound, no overlap; the update also calibrated,
-    TRAIN_CALIBRATION), and the whole run (train.steps steps) in chip-hours.
+    train step a minibatch), each as bound, no overlap and calibrated (each program's
+    calibrated time, `calibrate`), and the whole run (train.steps steps) in chip-hours.
 
     The work a rollout does is an assumption, said in the result's `work`: by default the
     caps (an upper bound): `segments` = S + 1 rows (S = context.max_summaries; 1 under a
@@ -964,7 +930,7 @@ def format_rl_step(st: dict | None) -> list[str]:
     if not st:
         return []
     w = st["work"]
-    kinds = [k for k in ("bound", "calibrated", "no_overlap") if k in st]
+    kinds = [k for k in ("bound", "no_overlap", "calibrated") if k in st]
 
     def band(key):
         return " / ".join(f"{st[k][key]:.3g}" for k in kinds) + " s"
@@ -1080,9 +1046,9 @@ def format_plan(rep: dict) -> str:
         if "train_mfu_calibrated" in e:
             lines.append(f"train step calibrated: MFU {100 * e['train_mfu_calibrated']:.0f}%, "
                          f"{e['train_tokens_per_second_per_chip_calibrated']:.0f} tokens/s a "
-                         f"chip, {e['train_step_seconds']['calibrated']:.3g} s a step (where "
-                         "MaxText's published steps sit in their band: an assumption, not a "
-                         "measurement; BENCHMARKS.md)")
+                         f"chip, {e['train_step_seconds']['calibrated']:.3g} s a step (the no-overlap "
+                         "time x how much slower MaxText's published steps are than theirs: an "
+                         "assumption, not a measurement; BENCHMARKS.md)")
     if "rollout_tokens_per_second_per_chip_bound" in e:
         lines.append(f"rollouts: {e['rollout_tokens_per_second_per_chip_no_overlap']:.0f} to "
                      f"{e['rollout_tokens_per_second_per_chip_bound']:.0f} decode tokens/s "

