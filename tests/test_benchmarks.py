@@ -366,3 +366,23 @@ def test_calibration_smoke_writes_a_row_and_its_table(tmp_path):
     assert rows[1]["decode_steps"] >= 1 and rows[1]["cache_slots"] == 256
     md = calibration.markdown(res)
     assert "| llama3.1-8b_v6e-8 | 3 x 8192 |" in md and "| llama3-8b_v5e-8_decode | 128 x 2048 |" in md
+
+
+def test_tpu_plan_rows_are_what_the_planner_computes_from_their_programs():
+    """benchmarks/results/tpu_plan.json: every row with the current figures (refreshed or made
+    since) holds the estimates and RL step that supo_jax.plan computes from its compiled
+    programs' figures now (tpu_plan.refresh), at the committed calibration factors."""
+    import copy
+    sys.path.insert(0, BENCH)
+    import tpu_plan
+
+    rows = json.load(open(os.path.join(BENCH, "results", "tpu_plan.json")))["results"]["rows"]
+    checked = 0
+    for r in rows:
+        again = copy.deepcopy(r)
+        if not tpu_plan.refresh(again):
+            continue
+        checked += 1
+        for k in ("estimates", "rl_step"):       # the same arithmetic on the same inputs
+            assert json.loads(json.dumps(again[k])) == r[k], (r["setup"], k)
+    assert checked >= 4

@@ -291,7 +291,8 @@ def warm_start(policy: Policy, fmt: ChatFormat, cfg: Config, progress: bool = Tr
     bar = progress_bar(s.steps, "sft (warm start steps)", progress)
     hist = sft_train(policy, segs, steps=s.steps, lr=s.lr, batch_rows=s.batch_rows,
                      max_len=max_len, seed=cfg.train.seed, stop=stop, ckpt_dir=ckpt_dir,
-                     collective_matmul=cfg.mesh.collective_matmul, progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
+                     collective_matmul=cfg.mesh.collective_matmul,
+                     progress=(lambda m: (bar.update(1), bar.set_postfix(loss=f"{m['loss']:.3f}")))
                      if bar else None)
     if bar:
         bar.close()
