@@ -78,13 +78,21 @@ def plan_setup(name: str, smoke: bool = False) -> list[dict]:
         for topology in tries[:1] if smoke else tries:
             cfg = load_config(os.path.join(CONFIGS, config), sets)
             topo_sets = sets + fit_batch(cfg, len(tpu_devices(topology)))
-            cfg = load_config(os.path.join(CONFIGS, config), topo_sets)
-            rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
-                       training_layout=True)
-            rows.append({"setup": name, "what": what, "generation": gen, **rep,
-                         "overrides": topo_sets})
-            print(f"{name} {topology}: {'fits' if rep['fits'] else 'does not fit'} "
-                  + ", ".join(f"{k} {_gib(p)}" for k, p in rep["programs"].items()), flush=True)
+            # without collective matmul first (the default); where the update does not fit,
+            # the same slice with it (XLA's windowed einsum never holds a whole gathered
+            # weight) before a larger slice
+            for extra in ([], ["mesh.collective_matmul=true"]):
+                cfg = load_config(os.path.join(CONFIGS, config), topo_sets + extra)
+                rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
+                           training_layout=True)
+                rows.append({"setup": name, "what": what, "generation": gen, **rep,
+                             "overrides": topo_sets + extra})
+                print(f"{name} {topology}{' ' + extra[0] if extra else ''}: "
+                      f"{'fits' if rep['fits'] else 'does not fit'} "
+                      + ", ".join(f"{k} {_gib(p)}" for k, p in rep["programs"].items()),
+                      flush=True)
+                if rep["fits"] or rep["programs"].get("train_step", {}).get("fits"):
+                    break
             if rep["fits"]:
                 break
     return rows
@@ -240,7 +248,8 @@ def markdown(res: dict) -> str:
            "serving layout (after); roofline: the chunk's estimate over every chip reading its "
            "serving weights and its share of the KV cache once a step. Each setup is tried on "
            "a generation's slices (benchmarks/tpu_plan.py's lists) smallest first, until both "
-           "phases fit; overrides are the settings changed to fit a slice. RL step: "
+           "phases fit (without collective matmul, then with it where the update did not fit); "
+           "overrides are the settings changed to fit a slice. RL step: "
            "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
            "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
            "no overlap / calibrated (each program's calibrated time; the serving copy at no "
