@@ -213,21 +213,21 @@ def test_dump_writes_each_programs_hlo(tmp_path, where, monkeypatch):
 
 @pytest.mark.slow
 def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, monkeypatch):
-    """With 1.2 GiB a chip, 2 rows of 4096 tokens a chip under remat none (every layer's
-    activations and XLA attention's scores kept: about 2 GiB) do not fit: the plan compiles
-    the policies that keep less until one fits (dots: about 0.7 GiB), says which, and shows
+    """With 25 MiB a chip, 2 rows of 1024 tokens a chip under remat none (every layer's
+    activations and XLA attention's scores kept: about 34 MiB) do not fit: the plan compiles
+    the policies that keep less until one fits (dots: about 18 MiB), says which, and shows
     that one's figures. With no policy fitting (1 MiB) it says so."""
     from supo_jax import plan as P
 
     path = _model_dir(tmp_path, "m", vocab_size=256, hidden=128, layers=2, heads=2,
                       kv_heads=1, mlp=512)
-    monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", int(1.2 * P.GiB))
-    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=4096", "model.remat=none"),
+    monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 25 << 20)
+    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=1024", "model.remat=none"),
                  "v5litepod-4", model_config=path, programs=("train_step",))
     rm = rep["remat"]
     assert rm["configured"] == "none" and rm["picked"] == "dots"
     assert [t["remat"] for t in rm["tried"]] == ["none", "dots"]
-    assert rm["tried"][0]["bytes"] > 1.2 * P.GiB > rm["tried"][1]["bytes"]
+    assert rm["tried"][0]["bytes"] > 25 << 20 > rm["tried"][1]["bytes"]
     ts = rep["programs"]["train_step"]
     assert ts["remat"] == "dots" and ts["fits"] and rep["fits"]
     assert ts["bytes_per_chip"]["total"] == rm["tried"][1]["bytes"]
@@ -246,20 +246,20 @@ def test_tpu_programs_compile_without_collective_matmul_unless_asked(tmp_path):
     (supo_jax.rl.train_step.step_programs): by default without XLA's windowed einsum (no
     windowed loops in the HLO, MaxText's recipes' setting), with it when asked; the windowed
     form accumulates partial sums in HBM (more HBM bytes, the same FLOPs). A model wide enough
-    for XLA to choose the windowed form (hidden 2048, 16 rows x 4096 tokens on v6e-8)."""
+    for XLA to choose the windowed form (hidden 1024, 16 rows x 2048 tokens on v6e-8)."""
     from supo_jax.plan import plan
 
     path = tmp_path / "wide"
     path.mkdir()
     (path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 32000,
+        "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 8192,
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
     got = {}
     for cm in (False, True):
-        cfg = _cfg("optim.minibatch_rows=16", "optim.micro=1", "optim.max_row_len=4096",
+        cfg = _cfg("optim.minibatch_rows=16", "optim.micro=1", "optim.max_row_len=2048",
                    "optim.recompute_old_logprobs=true", f"mesh.collective_matmul={cm}")
         dump = tmp_path / f"hlo_{cm}"
         rep = plan(cfg, "v6e-8", programs=("recompute_logprobs",), model_config=str(path),

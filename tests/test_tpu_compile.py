@@ -16,6 +16,7 @@ pytestmark = [
 
 TOPOLOGY = "v5litepod-4"
 TINY = "tiny"      # the recipe's tiny policy, asked for by name
+T_SHORT = 256      # rows of the train steps compiled only for their remat (the recipe's: 446)
 
 
 def _recipe(*sets):
@@ -68,10 +69,12 @@ def _train_step_plan(*sets):
 
 @pytest.mark.slow
 def test_train_step_compiles_and_fits():
-    """The CPU recipe's train step (16 rows of 446 tokens, AdamW state, donated parameters)
-    with XLA attention and full remat (the recipe's own remat, none, compiles in the splash
-    test below): 44-77 s of compilation on 2 shared CPU cores (libtpu's compiler)."""
-    rep = _train_step_plan("model.attention=xla", "model.remat=full")
+    """The CPU recipe's train step (16 rows, AdamW state, donated parameters) with XLA
+    attention and full remat, at rows of 256 tokens (libtpu's compile time grows with the row:
+    12 s at 256, 30 s at the recipe's 446, which compile with its own remat, none, in the
+    splash test below)."""
+    rep = _train_step_plan("model.attention=xla", "model.remat=full",
+                           f"optim.max_row_len={T_SHORT}")
     p = rep["programs"]["train_step"]
     _fits(p)
     assert p["bytes_per_chip"]["alias"] > 0        # parameters and optimizer state donated
@@ -91,16 +94,18 @@ def test_train_step_with_splash_on_several_chips():
 def test_remat_offload_keeps_layer_inputs_in_host_memory():
     """model.remat=offload compiles for TPU with each layer's input in pinned host memory:
     host memory a chip > 0 (remat full: none), at least the layers' inputs of a chip's rows.
-    Not fewer device temporaries at these shapes: the inputs (2 layers x 4 rows x 446 x 64
+    Not fewer device temporaries at the recipe's shapes: the inputs (2 layers x 4 rows x 446 x 64
     floats, 0.9 MiB a chip) are smaller than the buffers that stream them back (5.4 MiB full,
-    8.7 MiB offload, with the LM head chunked per row); offload pays where inputs are GiBs."""
+    8.7 MiB offload, with the LM head chunked per row); offload pays where inputs are GiBs.
+    Compiled at rows of 256 tokens (the test above's program, compiled once)."""
     got = {}
     for remat in ("full", "offload"):
-        rep = _train_step_plan("model.attention=xla", f"model.remat={remat}")
+        rep = _train_step_plan("model.attention=xla", f"model.remat={remat}",
+                               f"optim.max_row_len={T_SHORT}")
         p = rep["programs"]["train_step"]
         _fits(p)
         got[remat] = p["bytes_per_chip"]
-    inputs = 2 * (16 // 4) * 446 * 64 * 4          # layers x rows a chip x T x E, float32
+    inputs = 2 * (16 // 4) * T_SHORT * 64 * 4      # layers x rows a chip x T x E, float32
     assert got["full"]["host_temp"] == 0 and got["offload"]["host_temp"] >= inputs
 
 
