@@ -37,8 +37,7 @@ def results(tmp_path_factory):
     # as many at once as this process has cores: six XLA processes on the one core of a
     # pinned pytest-xdist worker took 256 s side by side and 183 s one after another
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    waves = [NAMES[i:i + max(1, cores)] for i in range(0, len(NAMES), max(1, cores))]
-    for wave in waves:
+    for wave in (NAMES[i:i + cores] for i in range(0, len(NAMES), cores or 1)):
         procs = {n: subprocess.Popen([sys.executable, os.path.join(BENCH, f"{n}.py"), "--smoke",
                                       "--out-dir", str(out)], env=env, cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
