@@ -7,6 +7,10 @@ it reset (env.name=recorded/pages), where the policy's parameters live, and how 
 programs a hundred exchanges of random sizes between the processes compiled.
 
     python -m tests.rollout_worker RUN_DIR OUT [key=value ...]
+
+With SUPO_JAX_TEST_FAULTY=1 the same processes then roll out faulty/pages on 4 rows
+(tests/worker_envs.py: process 1's environments fail in turn) into "faulty_rollouts": one
+launch for both checks.
 """
 import json
 import os
@@ -61,6 +65,13 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     for _ in range(100):
         got = allgather_json("x" * int(rng.integers(1, 100_000)))
         assert len(got) == jax.process_count()
+    faulty = None
+    if os.environ.get("SUPO_JAX_TEST_FAULTY") == "1":
+        fcfg = load_config(os.path.join(root, "experiments", "configs", "tiny_test.py"),
+                           sets + ["env.name=faulty/pages", "rollout.rows=4"])
+        ftasks = make_tasks(fcfg.env.name, "train", fcfg.rollout.tasks_per_step,
+                            seed=fcfg.env.seed, **fcfg.env.knobs)
+        faulty = [r.to_json() for r in rollout_batch(policy, fmt, fcfg, ftasks, seed=7)]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rollouts_{jax.process_index()}.json"), "w") as f:
         json.dump({"mesh": dict(mesh.shape) if mesh else None,
@@ -73,6 +84,7 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
                    "param_devices": len(leaf.sharding.device_set),
                    "param_processes": len({d.process_index for d in leaf.sharding.device_set}),
                    "exchange_compiles": len(compiles),
+                   "faulty_rollouts": faulty,
                    "rollouts": [r.to_json() for r in ro]}, f)
 
 

@@ -100,10 +100,11 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 400,
     return outs, ends
 
 
-def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400) -> list[str]:
-    """Run `cmd` as n JAX processes of `devices` CPU devices each; their stdout, after
-    asserting that each exited 0."""
-    procs = _launch(cmd, n, devices)
+def _processes(cmd: list[str], n: int, devices: int, timeout: float = 400,
+               **extra: str) -> list[str]:
+    """Run `cmd` as n JAX processes of `devices` CPU devices each (with `extra` environment
+    variables); their stdout, after asserting that each exited 0."""
+    procs = _launch(cmd, n, devices, **extra)
     outs, _ = _wait(procs, timeout)
     for i, (p, (_, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i}:\n{err[-3000:]}"
@@ -143,14 +144,16 @@ def rollout_run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mesh_rollouts(tmp_path_factory, rollout_run_dir):
-    """{(processes, devices each): every process's output} of tests/rollout_worker.py."""
+    """{(processes, devices each): every process's output} of tests/rollout_worker.py (the
+    2-process launch also rolls out faulty/pages: SUPO_JAX_TEST_FAULTY)."""
     base = tmp_path_factory.mktemp("mesh_rollouts")
     run_dir = rollout_run_dir
     got = {}
     for n, d in [(1, 1), (1, 8), (2, 4)]:
         out = str(base / f"{n}x{d}")
         _processes([sys.executable, "-m", "tests.rollout_worker", run_dir, out] + ROLLOUT_SETS
-                   + [f"rollout.tensor={TENSOR[n, d]}"], n, d)
+                   + [f"rollout.tensor={TENSOR[n, d]}"], n, d,
+                   **({"SUPO_JAX_TEST_FAULTY": "1"} if n > 1 else {}))
         got[n, d] = []
         for i in range(n):
             with open(os.path.join(out, f"rollouts_{i}.json")) as f:
@@ -232,20 +235,11 @@ def test_processes_share_one_mesh_and_their_rows(mesh_rollouts):
 
 
 @pytest.fixture(scope="module")
-def faulty_rollouts(tmp_path_factory, rollout_run_dir, mesh_rollouts):
-    """2 processes x 1 device over faulty/pages: process 1's environments fail in turn in
-    their constructor, reset, step and reward (tests/worker_envs.py)."""
-    base = tmp_path_factory.mktemp("faulty")
-    out = str(base / "out")
-    sets = [s for s in ROLLOUT_SETS if not s.startswith(("env.name", "rollout.rows"))]
-    _processes([sys.executable, "-m", "tests.rollout_worker", rollout_run_dir, out] + sets
-               + ["env.name=faulty/pages", "rollout.rows=4", "rollout.tensor=0"], 2, 1,
-               timeout=300)
-    got = []
-    for i in range(2):
-        with open(os.path.join(out, f"rollouts_{i}.json")) as f:
-            got.append(json.load(f)["rollouts"])
-    return got
+def faulty_rollouts(mesh_rollouts):
+    """2 processes x 4 devices over faulty/pages on 4 rows, after the launch's other
+    rollouts: process 1's environments fail in turn in their constructor, reset, step and
+    reward (tests/worker_envs.py)."""
+    return [p["faulty_rollouts"] for p in mesh_rollouts[2, 4]]
 
 
 def test_one_hosts_failing_environments_fail_their_rollouts_not_the_run(faulty_rollouts):
