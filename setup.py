@@ -29,6 +29,9 @@ setup(
         # run directories in a bucket (gs://): gcsfs for files, google-cloud-storage (its
         # dependency) for TensorBoard's writer; Orbax writes arrays through tensorstore
         "gcsfs>=2024.2",
+        # supo-jax serve: the OpenAI-compatible HTTP endpoint (supo_jax/serve)
+        "starlette>=0.40",
+        "uvicorn>=0.30",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "accelerate>=1.0",
@@ -37,6 +40,8 @@ setup(
                  "peft>=0.17",
                  # a GCS API server on a loopback port (tests/gcs.py)
                  "gcp-storage-emulator>=2024.8",
+                 # the serving endpoint driven by the official client (tests/test_serve.py)
+                 "openai>=1.0", "httpx>=0.27",
                  # compiles for TPU slices ahead of time on CPU (tests/test_tpu_compile.py)
                  "libtpu==0.0.42.1; sys_platform == 'linux'"],
         "tpu": ["jax[tpu]>=0.6"],

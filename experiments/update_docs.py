@@ -186,7 +186,8 @@ BLOCKS = {"README.md": {"quickstart": quickstart, "departures": departures,
           os.path.join("docs", "CLI.md"): {
               "cli_commands": cli_commands,
               **{f"cli_{n}": (lambda n=n: cli_flags(n)) for n in
-                 ("train", "eval", "sft", "sweep", "rollout", "generate", "export", "plan")}},
+                 ("train", "eval", "sft", "sweep", "rollout", "generate", "export", "plan",
+                  "serve")}},
           os.path.join("docs", "SCALING.md"): {"gpu_smollm2": gpu_smollm2,
                                                "tpu_plan_example": tpu_plan_example}}
 

@@ -300,6 +300,56 @@ def _cmd_rollout(args) -> None:
         print(f"wrote {args.out}")
 
 
+def _is_run_dir(path: str) -> bool:
+    """A supo_jax run directory (what train writes: run.json, checkpoints/), not a model."""
+    from supo_jax import storage
+
+    return storage.isdir(path) and (storage.isfile(storage.join(path, "run.json"))
+                                    or storage.isdir(storage.join(path, "checkpoints")))
+
+
+def _serve_policy(path: str, dtype: str):
+    """The policy `path` names, as eval and rollout take one: a run directory (its latest
+    checkpoint under the run's saved settings, as eval restores it), or a model (an HF
+    directory, a .gguf file, a Hub id or a PEFT adapter directory: load_policy)."""
+    import dataclasses
+
+    from supo_jax.config import from_dict, load_config, saved_config
+    from supo_jax.model.policy import load_policy
+
+    if not _is_run_dir(path):
+        return load_policy(path, dtype=dtype)
+    saved = saved_config(path)
+    cfg = from_dict(saved) if saved else load_config(None, [f"train.run_dir={path}"])
+    return _restore_policy(dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, run_dir=path)))
+
+
+# the context a server holds by default (a model's own limit is often 32K-128K tokens: a KV
+# cache of rows x that many tokens is more than most hosts hold)
+SERVE_MAX_LEN = 4096
+
+
+def _cmd_serve(args) -> None:
+    import os
+
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.serve.app import Server, listen, serve, url_of
+    from supo_jax.serve.engine import Engine
+
+    sock = listen(args.host, args.port)     # a port in use fails before the model loads
+    policy = _serve_policy(args.policy, args.dtype)
+    if policy.tokenizer is None:
+        raise ValueError(f"{args.policy} has no tokenizer files; cannot render chat prompts")
+    max_len = args.max_len or min(policy.config.max_position_embeddings, SERVE_MAX_LEN)
+    engine = Engine(policy, rows=args.rows, max_len=max_len, queue=args.queue)
+    name = args.served_model_name or args.policy
+    key = args.api_key or os.environ.get("SUPO_JAX_API_KEY", "")
+    print(f"serving {name} on {url_of(sock)}/v1 ({args.rows} rows of {max_len} tokens"
+          f"{', API key required' if key else ''})", flush=True)
+    serve(Server(engine, ChatFormat(policy.tokenizer), name, key), sock)
+
+
 def _cmd_sweep(args) -> None:
     from supo_jax import storage, sweep
 
@@ -371,6 +421,9 @@ _EXAMPLES = {
     "rollout": "supo-jax rollout --env fncall/count --policy scripted --context full --num 64",
     "generate": "supo-jax generate --model HuggingFaceTB/SmolLM2-135M-Instruct --prompt 'Hi'",
     "export": "supo-jax export --model model.gguf --out out/model",
+    "serve": "supo-jax serve --policy runs/default --port 8000\n"
+             "supo-jax serve --policy /ckpt/Qwen2.5-7B-Instruct --rows 16 --max-len 8192 "
+             "--served-model-name qwen",
     "plan": "supo-jax plan --topology v5litepod-4 --model-config tiny   # the CPU recipe\n"
             "supo-jax plan --config experiments/configs/paper_fncall_supo.py --topology v5p-32 "
             "--model-config /ckpt/Qwen2.5-7B-Instruct --json plan.json",
@@ -399,6 +452,17 @@ def _count(text: str) -> int:
         n = None
     if n is None or n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _size(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return n
 
 
@@ -501,6 +565,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, metavar="FILE.jsonl", help="write the rollouts "
                    "(JSONL: transcripts, segments; usable as sft.demos) to this file")
     r.set_defaults(fn=_cmd_rollout)
+    v = _sub(sub, "serve", "serve a policy behind an OpenAI-compatible HTTP API "
+             "(/v1/chat/completions, /v1/completions)")
+    v.add_argument("--policy", required=True, metavar="PATH", help="a run directory (its "
+                   "latest checkpoint), an HF directory, .gguf file, Hub id or PEFT adapter")
+    v.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: "
+                   "every interface)")
+    v.add_argument("--port", type=_size, default=8000, help="the port (0: a free one)")
+    v.add_argument("--api-key", default=None, metavar="KEY", help="the key clients must send "
+                   "(Authorization: Bearer KEY); default: $SUPO_JAX_API_KEY, else none")
+    v.add_argument("--rows", type=_count, default=8, metavar="N", help="requests (choices) "
+                   "decoded at once: the sampler's rows")
+    v.add_argument("--max-len", type=_count, default=None, metavar="TOKENS", help="the "
+                   "context of a row (prompt + completion); default: the model's, at most "
+                   f"{SERVE_MAX_LEN}")
+    v.add_argument("--queue", type=_size, default=None, metavar="N", help="requests that may "
+                   "wait for a row beyond that (more: 429); default: 4 x --rows")
+    v.add_argument("--served-model-name", default=None, metavar="NAME", help="the model name "
+                   "clients ask for; default: --policy as given")
+    v.add_argument("--dtype", default="float32", help="parameter dtype: float32 | bfloat16")
+    v.set_defaults(fn=_cmd_serve)
     n = _sub(sub, "plan", "compile the run's train step, prefill and decode ahead of time for a "
              "TPU slice (no TPU needed: libtpu) and report memory per chip, flops, est. time")
     _config_args(n)
