@@ -38,6 +38,8 @@ BENCHMARKS = (
     ("train_step", "Train step: ~100M model, FLOP/s vs the matmul peak, 8 devices vs 1", []),
     ("train_memory", "Train-step memory vs row length (compiled, 8K to 64K tokens)", []),
     ("lora", "LoRA adapters vs full training: train-step memory and time, decode", []),
+    ("serve", "Serving: the OpenAI endpoint vs the sampler itself, time to first token, "
+              "prefix reuse", []),
 )
 # Run only when named in --only (an accelerator's benchmark: on a CPU it measures nothing of
 # interest; capacity: scripted experts, minutes, no timing); their sections are assembled

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.xdist_group("test_benchmarks"), pytest.mark.long]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
-NAMES = ("rollout", "rows", "horizon", "train_step", "train_memory", "lora")
+NAMES = ("rollout", "rows", "horizon", "train_step", "train_memory", "lora", "serve")
 
 
 def _stats(d):
@@ -147,6 +147,20 @@ def test_lora_fields(results):
     for x in r["train"]:
         _stats(x["step_seconds"])
     assert r["decode"]["same_tokens"] is True and r["decode"]["ratio_adapters_over_merged"] > 0
+
+
+def test_serve_fields(results):
+    r = results[1]["serve"]["results"]
+    assert [x["clients"] for x in r["throughput"]] == [1, 4] and set(r["ttft"]) == {"1", "4"}
+    for x in r["throughput"]:
+        for k in ("endpoint_tokens_per_s", "sampler_tokens_per_s", "ratio", "ttft_s"):
+            _stats(x[k])
+        assert x["same_tokens"] is True and x["tokens"] > 0    # greedy: the sampler's tokens
+    c = r["conversation"]
+    assert c["reuse"]["prefilled_tokens"] < c["reprefill"]["prefilled_tokens"]
+    assert c["reprefill"]["reused_tokens"] == 0 and c["prefill_ratio"] > 1
+    assert c["same_tokens"] is True
+    _stats(c["time_ratio"])
 
 
 def test_run_all_assembles_benchmarks_md(results, tmp_path):

@@ -490,6 +490,36 @@ def test_a_rows_tokens_depend_on_its_stream_alone():
     assert s.live_steps == 5 + 40 + 30 + 30 and s.slot_steps > s.live_steps
 
 
+def test_per_row_settings_share_a_call_and_sample_as_the_compiled_setting():
+    """Rows under other temperatures / top_p decode in one call (the settings as per-row
+    arrays: Sampler.advance with a dict) and each samples what it samples with its setting
+    compiled into the call, bit for bit, logprobs included. So the server's greedy rows
+    equal the sampler's own greedy generation, and the rollouts' compiled path needs no
+    change."""
+    pol = new_policy(tiny_config("qwen2", vocab_size=97), seed=0)
+    rs = np.random.RandomState(5)
+    prompts = {0: _ids(rs, 6), 1: _ids(rs, 9)}
+    sps = {0: GREEDY, 1: SamplingParams(0.7, top_p=0.5)}
+    key, streams = jax.random.key(3), {0: (0, 1), 1: (1, 1)}
+
+    def run(sampling):
+        s = Sampler(pol, batch=2, max_len=96, decode_chunk=8)
+        s.append(prompts)
+        return s.generate([0, 1], 20, set(), sampling, key, streams), s
+
+    mixed, s = run(sps)
+    assert sum(k[0] == "decode" for k in s.shapes_compiled) == 1     # one program, 3 calls
+    for r, sp in sps.items():
+        compiled = run(sp)[0][r]
+        assert (mixed[r].tokens, mixed[r].logprobs) == (compiled.tokens, compiled.logprobs)
+        assert len(compiled.tokens) == 20
+    assert len(set(mixed[1].tokens)) > 1                 # sampled, not a greedy loop
+    with pytest.raises(ValueError, match="share top_k"):
+        run({0: SamplingParams(1.0, top_k=5), 1: SamplingParams(1.0)})
+    with pytest.raises(ValueError, match="without sampling settings"):
+        run({0: GREEDY})
+
+
 def test_the_cache_is_a_multiple_of_128_slots_and_rows_still_end_at_max_len():
     """A cache length that is not a multiple of the TPU's tile made XLA move the whole cache
     in the compiled decode loop (Qwen3-8B on v6e-8 at 5283 slots: 1.78x its HBM roofline,

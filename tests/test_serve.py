@@ -20,10 +20,10 @@ import pytest
 from supo_jax.agent.render import ChatFormat
 from supo_jax.model.policy import new_policy
 from supo_jax.model.tiny import tiny_config, tiny_tokenizer
-from supo_jax.sampling.sampler import generate
+from supo_jax.sampling.sampler import SamplingParams, generate
 from supo_jax.serve import api
 from supo_jax.serve.app import MAX_BODY_BYTES, Running, Server, build_app
-from supo_jax.serve.engine import Engine, Event
+from supo_jax.serve.engine import Engine, Event, Job
 
 pytestmark = pytest.mark.xdist_group("test_serve")
 
@@ -39,11 +39,11 @@ class Slow:
     """Slows the engine's decode calls while on (a generation then outlasts a client)."""
 
     def __init__(self, engine):
-        self.on, advance = False, engine.sampler.advance
+        self.on, self.delay, advance = False, 0.1, engine.sampler.advance
 
         def slow_advance(*a, **k):
             if self.on:
-                time.sleep(0.1)
+                time.sleep(self.delay)
             return advance(*a, **k)
         engine.sampler.advance = slow_advance
 
@@ -293,10 +293,130 @@ def test_a_client_gone_mid_stream_frees_its_row(served):
         slow.on = False
 
 
+def _until(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_request_arriving_mid_decode_starts_at_once_and_settings_share_calls(served):
+    """Two requests arrive while a long one decodes (submitted from its first event, on the
+    engine's thread, so the moment is exact): both give their first tokens after the next
+    decode call, and from then on the three, at temperatures 0.7, 0 and 1 with top_p 0.9,
+    each with its own seed, advance in the same decode calls. The greedy one is still the
+    sampler's own greedy generation."""
+    engine, fmt = served["engine"], served["fmt"]
+    _wait_free(engine)
+    prompts = {k: fmt.encode(f"{k} request") for k in ("long", "greedy", "hot")}
+    calls = {k: [] for k in prompts}        # (decode call, the event) per job
+    arrived = []
+
+    def record(k, then=None):
+        def on_event(ev):
+            calls[k].append((engine.decode_calls, ev))
+            if then and len(calls[k]) == 1:
+                then()
+        return on_event
+
+    def arrive():
+        arrived.append(engine.decode_calls)
+        engine.submit([job("greedy", 24, SamplingParams(0.0), (5, 0)),
+                       job("hot", 24, SamplingParams(1.0, top_p=0.9), (6, 0))])
+
+    def job(k, n, sp, stream, then=None):
+        return Job(tuple(prompts[k]), n, sp, frozenset(), stream, record(k, then))
+
+    engine.submit([job("long", 120, SamplingParams(0.7), (4, 0), then=arrive)])
+    _until(lambda: all(c and c[-1][1].finish for c in calls.values()))
+    at = {k: [n for n, ev in c if ev.tokens] for k, c in calls.items()}
+    assert at["greedy"][0] - arrived[0] <= 2 and at["hot"][0] - arrived[0] <= 2
+    assert at["greedy"] == at["hot"] and set(at["greedy"]) <= set(at["long"])
+    assert at["long"][-1] > at["greedy"][-1]            # they ended while it decoded
+    got = {k: [t for _, ev in c for t in ev.tokens] for k, c in calls.items()}
+    assert [len(got[k]) for k in ("long", "greedy", "hot")] == [120, 24, 24]
+    own = generate(served["policy"], [prompts["greedy"], prompts["hot"]], 24, stop_tokens=())
+    assert got["greedy"] == own[0].tokens and got["hot"] != own[1].tokens   # hot: sampled
+
+
+def test_the_next_turn_prefills_only_its_new_tokens(served):
+    """A conversation's turns as token ids (prompt = the last prompt + its completion + the
+    new message): each turn after the first keeps the row's cache and prefills only the new
+    message, and still completes as a fresh greedy generation of the whole prompt does."""
+    engine, fmt = served["engine"], served["fmt"]
+    _wait_free(engine)
+    c = client(served["url"])
+    prompt, turns = fmt.encode("user: tell me a story\nassistant:"), []
+    for turn in range(3):
+        before = engine.prefilled, engine.reused
+        r = c.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0,
+                                 extra_body={"return_token_ids": True})
+        fresh = engine.prefilled - before[0], engine.reused - before[1]
+        if turn:
+            assert fresh == (len(new), len(prompt) - len(new)), (turn, fresh)
+        turns.append((prompt, r.choices[0].token_ids))
+        new = fmt.encode(f"\nuser: and then {turn}?\nassistant:")
+        prompt = prompt + r.choices[0].token_ids + new
+    own = generate(served["policy"], [p for p, _ in turns], 10, stop_tokens=fmt.stop_ids)
+    assert [ids for _, ids in turns] == [g.tokens for g in own]
+
+
+def test_a_storm_of_bad_requests_leaves_good_sessions_complete_and_correct(served):
+    """Threads sending malformed bodies (every bad input above but the 4 MiB one, and
+    random bytes) while six good two-turn sessions, three streamed, run: every bad request
+    gets its 4xx, every good one completes as the sampler's own greedy generation."""
+    engine, fmt = served["engine"], served["fmt"]
+    _wait_free(engine)
+    bad = [(b if isinstance(b, bytes) else json.dumps(b).encode(), st) for b, st, _ in BAD
+           if st != 413]
+    rs = __import__("random").Random(0)
+    bad += [(bytes(rs.randrange(256) for _ in range(rs.randrange(1, 200))), 400)
+            for _ in range(4)]
+    stop, statuses = threading.Event(), []
+
+    def storm(k):
+        with httpx.Client(base_url=served["url"], timeout=60) as h:
+            while not stop.is_set():
+                body, want = bad[k % len(bad)]
+                r = h.post("/v1/chat/completions", content=body,
+                           headers={"content-type": "application/json"})
+                statuses.append((r.status_code, want, r.json()["error"]["type"]))
+                k += 3
+
+    def session(i):
+        prompt, out = fmt.encode(f"session {i} asks:"), []
+        for turn in range(2):
+            kw = dict(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                      extra_body={"return_token_ids": True})
+            if i % 2:
+                ids = [t for p in client(served["url"]).completions.create(stream=True, **kw)
+                       for t in p.choices[0].token_ids]
+            else:
+                ids = client(served["url"]).completions.create(**kw).choices[0].token_ids
+            out.append((list(prompt), ids))
+            prompt = prompt + ids + fmt.encode(f"\nuser: turn {turn}\n")
+        return out
+
+    with ThreadPoolExecutor(9) as pool:
+        storms = [pool.submit(storm, k) for k in range(3)]
+        good = list(pool.map(session, range(6)))
+        stop.set()
+        for f in storms:
+            f.result()
+    assert len(statuses) >= len(bad) and all(400 <= s < 500 and s == want
+                                             for s, want, _ in statuses), statuses
+    turns = [t for s in good for t in s]
+    own = generate(served["policy"], [p for p, _ in turns], 12, stop_tokens=fmt.stop_ids)
+    assert [ids for _, ids in turns] == [g.tokens for g in own]
+    assert httpx.get(served["url"] + "/health").json()["status"] == "ok"
+
+
 def test_a_full_queue_is_429_with_retry_after(served):
     engine, slow = served["engine"], served["slow"]
     _wait_free(engine)
-    slow.on = True
+    # a wave of rows outlasts the second request however loaded the machine (with 0.1 s a
+    # call, a wave could end first on a loaded 2-core machine and the queue admit it)
+    slow.on, slow.delay = True, 1.0
     body = {"model": "tiny", "messages": [{"role": "user", "content": "busy"}],
             "max_tokens": 100, "stream": True, "n": 16}   # 4 rows + 12 waiting
     try:
@@ -308,7 +428,7 @@ def test_a_full_queue_is_429_with_retry_after(served):
             assert full.status_code == 429 and full.headers["retry-after"] == "1"
             assert full.json()["error"]["type"] == "rate_limit_error"
     finally:
-        slow.on = False
+        slow.on, slow.delay = False, 0.1
     _wait_free(engine)
     assert ask(served["url"], max_tokens=2, n=5).choices[4].message is not None
 

@@ -9,7 +9,9 @@ Pure functions at the core:
       the same on the listed rows alone (a freed row's next prompt costs one row's
       forward, not the batch's; decode(rows=...) likewise runs the rows still generating);
   decode(params, cache, last_logits, ...) -> cache, tokens [B,N], logprobs [B,N], counts [B]
-      samples until every active row hit a stop token or its max new tokens.
+      samples until every active row hit a stop token or its max new tokens, every row
+      under one setting compiled in (the rollouts) or each row under its own temperature
+      and top_p, passed as arrays (the server: requests with any settings share a call).
 Every sampled token (stop tokens included) is written to the cache, so the next
 turn's prefill continues exactly from what the policy saw.
 
@@ -74,6 +76,23 @@ def token_logprobs(logits, tokens, temperature: float = 1.0):
     return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def _top_k_cut(logits, k: int):
+    """logits [B, V] with every token below each row's k-th largest logit at -inf."""
+    kth = jax.lax.top_k(logits, k)[0][:, -1:]
+    return jnp.where(logits < kth, -jnp.inf, logits)
+
+
+def _top_p_cut(logits, top_p):
+    """logits [B, V] with the tokens outside each row's nucleus at -inf: the smallest prefix
+    of the tokens by probability whose mass reaches top_p (a float, or [B, 1] per row;
+    always at least one token)."""
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    cutoff_idx = jnp.sum(cum - jax.nn.softmax(sorted_logits, axis=-1) < top_p, axis=-1) - 1
+    cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx[:, None], axis=-1)
+    return jnp.where(logits < cutoff, -jnp.inf, logits)
+
+
 def _sample(keys, logits, sp: SamplingParams):
     """One token per row from logits [B, V] (row b drawn with keys[b]) under temperature /
     top-k / top-p, and its log-probability under the distribution it was drawn from (after
@@ -84,17 +103,42 @@ def _sample(keys, logits, sp: SamplingParams):
         return tok, token_logprobs(logits, tok, 0.0)
     logits = logits / sp.temperature
     if sp.top_k:
-        kth = jax.lax.top_k(logits, sp.top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
+        logits = _top_k_cut(logits, sp.top_k)
     if sp.top_p < 1.0:
-        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-        cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        cutoff_idx = jnp.sum(cum - jax.nn.softmax(sorted_logits, axis=-1) < sp.top_p, axis=-1) - 1
-        cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx[:, None], axis=-1)
-        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+        logits = _top_p_cut(logits, sp.top_p)
     tok = jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
     return tok, token_logprobs(logits, tok, 1.0)
+
+
+def _sample_rows(keys, logits, temperature, top_p, top_k: int):
+    """`_sample` under each row's own settings: temperature [B] (0: that row is greedy),
+    top_p [B] (1: off), top_k shared (static; 0: off). Rows with other settings share one
+    decode program instead of one compiled program (and one decode call) per setting.
+
+    A greedy row's token and log-probability are `_sample`'s at temperature 0 (argmax and
+    log softmax of the same logits), whatever the rows beside it. A sampled row draws from
+    softmax(top-k/top-p cut of logits / T) as `_sample` does, T a traced value rather than a
+    constant. When no row samples, the drawing is skipped, and top_p's sort when no row
+    truncates (lax.cond: a mix costs the sampling of one batch, not one per setting)."""
+    logits = logits.astype(jnp.float32)
+    greedy_tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy_lp = token_logprobs(logits, greedy_tok, 0.0)
+    hot = temperature > 0
+    cut = top_p < 1.0
+
+    def draw(_):
+        scaled = logits / jnp.where(hot, temperature, 1.0)[:, None]
+        if top_k:
+            scaled = _top_k_cut(scaled, top_k)
+        scaled = jax.lax.cond(
+            jnp.any(cut & hot),
+            lambda x: jnp.where(cut[:, None], _top_p_cut(x, top_p[:, None]), x),
+            lambda x: x, scaled)
+        tok = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+        return (jnp.where(hot, tok, greedy_tok),
+                jnp.where(hot, token_logprobs(scaled, tok, 1.0), greedy_lp))
+
+    return jax.lax.cond(jnp.any(hot), draw, lambda _: (greedy_tok, greedy_lp), None)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
@@ -149,8 +193,8 @@ class DecodeState:
 @partial(jax.jit, static_argnames=("graphdef", "steps", "attend_len", "sp", "unroll_layers"),
          donate_argnames=("cache",))
 def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, stop_ids,
-           streams, offsets, layers=None, rows=None, *, steps: int, attend_len: int,
-           sp: SamplingParams, unroll_layers: bool = False):
+           streams, offsets, layers=None, rows=None, temperature=None, top_p=None, *,
+           steps: int, attend_len: int, sp: SamplingParams, unroll_layers: bool = False):
     """Sample up to `steps` tokens for active rows.
 
     active [B] bool; max_new [B] int; stop_ids [B, K] int (-1 = unused).
@@ -160,6 +204,9 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
     decodes beside or how its generation is cut into calls.
     rows: None, or [n] distinct row indices holding every active row: the model then runs
     on those n rows alone (the others are neither read nor computed).
+    temperature, top_p: None, every row sampled under `sp` (compiled in: the rollouts'
+    path); or [B] float each, row b sampled under its own (`_sample_rows`; `sp` gives
+    top_k alone), so rows with other settings share this call and its compiled program.
     unroll_layers: each step runs the layers unrolled over per-layer weights and per-layer
     caches of the attended span, both cut once per call (Decoder.layer_weights,
     KVCache.split_layers: faster on CPU, at the cost of a copy of that span of the cache
@@ -188,8 +235,11 @@ def decode(graphdef, params, cache: KVCache, last_logits, rng, active, max_new, 
         return (s.step < steps) & ~jnp.all(s.done)
 
     def body(s: DecodeState) -> DecodeState:
-        tok, lp = _sample(jax.vmap(jax.random.fold_in)(row_keys, offsets + s.counts),
-                          s.logits, sp)
+        keys = jax.vmap(jax.random.fold_in)(row_keys, offsets + s.counts)
+        if temperature is None:
+            tok, lp = _sample(keys, s.logits, sp)
+        else:
+            tok, lp = _sample_rows(keys, s.logits, temperature, top_p, sp.top_k)
         live = ~s.done
         counts = s.counts + live
         stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
@@ -260,6 +310,25 @@ def cache_length(max_len: int) -> int:
 # the most tokens a row prefills in one call: longer appends (a 64K-token context) run as
 # several calls, so that a prefill's temporaries grow with this, not with the context
 PREFILL_CHUNK = 4096
+
+
+def row_settings(sampling: dict[int, SamplingParams], rows, batch: int
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """`decode`'s per-row settings from each of `rows`' SamplingParams: (temperature
+    [batch], top_p [batch], top_k). Rows outside `rows` take no part: greedy, no top_p, so
+    they never make the call draw or sort. top_k is one static value, so the rows must
+    share it."""
+    missing = sorted(set(rows) - set(sampling))
+    if missing:
+        raise ValueError(f"rows {missing} are generating without sampling settings")
+    top_ks = {sampling[r].top_k for r in rows}
+    if len(top_ks) > 1:
+        raise ValueError(f"rows decoded together must share top_k, got {sorted(top_ks)}")
+    temperature = np.zeros(batch, np.float32)
+    top_p = np.ones(batch, np.float32)
+    for r in rows:
+        temperature[r], top_p[r] = sampling[r].temperature, sampling[r].top_p
+    return temperature, top_p, top_ks.pop() if top_ks else 0
 
 
 @dataclasses.dataclass
@@ -440,12 +509,13 @@ class Sampler:
             self.last_logits = jnp.where(upd, last, self.last_logits)
         self.lengths[idx] += num
 
-    def generate(self, rows: Sequence[int], max_new_tokens, stop_tokens, sampling: SamplingParams,
-                 rng, streams: dict[int, tuple[int, int]] | None = None
-                 ) -> dict[int, Generation]:
+    def generate(self, rows: Sequence[int], max_new_tokens, stop_tokens,
+                 sampling: SamplingParams | dict[int, SamplingParams], rng,
+                 streams: dict[int, tuple[int, int]] | None = None) -> dict[int, Generation]:
         """Sample continuations for `rows` (each must hold a non-empty context).
 
-        max_new_tokens: int or {row: int}; stop_tokens: a set of ids or {row: set}.
+        max_new_tokens: int or {row: int}; stop_tokens: a set of ids or {row: set};
+        sampling: as `advance` (one setting, or {row: SamplingParams}).
         Generation stops at a stop token (included in the output) or the budget.
         streams: as `start`. (`start`, then `advance` until every row has ended; no other
         row may be generating.)
@@ -482,13 +552,19 @@ class Sampler:
             self.generating[r] = (Generation([], []), mx[r], stops,
                                   tuple(streams[r]) if streams else (r, 0))
 
-    def advance(self, sampling: SamplingParams, rng) -> dict[int, Generation]:
+    def advance(self, sampling: SamplingParams | dict[int, SamplingParams], rng
+                ) -> dict[int, Generation]:
         """One decode call over every generating row: up to decode_chunk steps (fewer when
         the rows need fewer), attending over the span its rows reach by the call's end;
         {row: Generation} of the rows that ended in it. Each row draws from its stream under
         `rng` (`decode`), whatever the calls its generation is cut into. Counts slot_steps
         (batch x the steps the call ran) and live_steps (the tokens it generated): the
-        slots' utilisation."""
+        slots' utilisation.
+
+        sampling: one SamplingParams for every row, compiled into the call (the rollouts'
+        path: one program per setting); or {row: SamplingParams} for every generating row,
+        passed as per-row arrays (`row_settings`: one program whatever the mix; the rows
+        must share top_k). A greedy row's tokens are the same either way."""
         ended = {r: v[0] for r, v in self.generating.items() if v[1] <= 0}
         for r in ended:
             del self.generating[r]
@@ -510,14 +586,19 @@ class Sampler:
             streams[r], offsets[r] = stream, len(g.tokens)
         attend = self._attend(int(max(self.lengths[r] + max_new[r] for r in left)))
         sub = self._subset(left)
+        temperature = top_p = None
+        if isinstance(sampling, dict):
+            temperature, top_p, top_k = row_settings(sampling, left, self.batch)
+            temperature, top_p = self._rows(temperature), self._rows(top_p)
+            sampling = SamplingParams(top_k=top_k)
         self._note_shape(("decode", len(sub) if sub is not None else self.batch, steps,
-                          attend, sampling))
+                          attend, sampling if temperature is None else ("per row", top_k)))
         graphdef, params = self.policy.split()
         layers = self._layer_weights(graphdef, params)
         self.cache, self.last_logits, toks, lps, counts = decode(
             graphdef, params, self.cache, self.last_logits, self._key(rng), self._rows(active),
             self._rows(max_new), self._rows(stop_ids), self._rows(streams),
-            self._rows(offsets), layers, sub,
+            self._rows(offsets), layers, sub, temperature, top_p,
             steps=steps, attend_len=attend, sp=sampling, unroll_layers=self.unroll_layers)
         toks, lps, counts = (host_array(x) for x in (toks, lps, counts))
         self.lengths += counts

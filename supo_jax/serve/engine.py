@@ -8,12 +8,20 @@ went away are freed.
 
 Prefix reuse: a job takes the free row whose cached tokens share the longest prefix with its
 prompt and prefills only the rest (a conversation's next turn, or n choices of one prompt
-after the first wave, reuse the KV cache already there).
+after the first wave, reuse the KV cache already there); among rows sharing nothing, the
+least recently freed, so the rows freed last keep their conversations longest.
 
-Sampling settings: temperature and top_p are compiled into the decode call, so rows decode
-together only under the same settings. Admission is first in, first out: a job whose
-settings differ from those of the rows decoding now waits (and the jobs behind it with it)
-until those rows have ended. Per-row settings are part 2 of issue 83.
+Sampling settings are per row: every decode call passes each row's temperature and top_p
+as arrays (Sampler.advance with {row: SamplingParams}), so one compiled program serves any
+mix and a job starts in the first free row whatever its settings, first in, first out. A
+greedy row samples what the sampler's own greedy generation does (argmax of the same
+logits); each row draws from its own stream (seed, choice), whatever rows decode beside it.
+
+Gathering: when no row decodes, the first job to arrive does not start alone if others are
+on their way (a client's n choices, clients that start together, the next requests of
+clients whose rows all ended in the same call): the engine waits until no job has arrived
+for `gather_s` (at most 4 x gather_s), then admits them all in one prefill and one decode
+call. Otherwise the first would decode a whole call alone while the rest wait for the next.
 
 Back-pressure: at most `queue` jobs wait beyond the free rows; `submit` raises QueueFull
 past that (the server's 429).
@@ -23,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -75,35 +84,35 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def admissible(waiting: Sequence[Job], free: int, params: SamplingParams | None) -> int:
-    """How many jobs at the head of `waiting` start now: at most `free`, first in first out,
-    stopping at the first whose settings differ from `params` (those of the rows decoding
-    now; None: no row decodes, the head job's settings rule)."""
-    n = 0
-    for job in waiting[:free]:
-        if params is None:
-            params = job.sampling
-        if job.sampling != params:
-            break
-        n += 1
-    return n
+def pick_row(free: Sequence[int], held: dict[int, list[int]], prompt: Sequence[int],
+             reuse: bool = True) -> tuple[int, int]:
+    """(row, tokens of its cache kept) for a prompt: the free row whose cached tokens share
+    the longest prefix with it, ties to the earliest in `free` (the least recently freed);
+    at most len(prompt) - 1 kept, since the model must see one new token to give the next
+    token's logits. reuse=False: the least recently freed row, nothing kept (re-prefill)."""
+    if not reuse:
+        return free[0], 0
+    row = max(free, key=lambda r: common_prefix(held[r], prompt))
+    return row, min(common_prefix(held[row], prompt), len(prompt) - 1)
 
 
 class Engine:
     """`rows` sampler rows of `max_len` tokens (prompt + completion) over one policy, behind
-    a thread; at most `queue` (default 4 x rows) jobs wait for a row."""
+    a thread; at most `queue` (default 4 x rows) jobs wait for a row. reuse_prefix=False
+    prefills every prompt whole (the benchmark's baseline)."""
 
     def __init__(self, policy: Policy, rows: int = 8, max_len: int = 2048, *,
-                 queue: int | None = None, seed: int = 0, decode_chunk: int = 16):
+                 queue: int | None = None, seed: int = 0, decode_chunk: int = 16,
+                 reuse_prefix: bool = True, gather_s: float = 0.005):
         self.sampler = Sampler(policy, rows, max_len, decode_chunk=decode_chunk)
         self.policy, self.max_len, self.rows = policy, max_len, rows
+        self.reuse_prefix, self.gather_s = reuse_prefix, gather_s
         self.queue_limit = 4 * rows if queue is None else queue
         self.rng = jax.random.key(seed)
         self.held: dict[int, list[int]] = {r: [] for r in range(rows)}   # each row's cache
         self.free = list(range(rows))
         self.running: dict[int, Job] = {}
         self.waiting: list[Job] = []
-        self.params: SamplingParams | None = None
         self.lock, self.wake = threading.Lock(), threading.Event()
         self.stopped = False
         self.prefilled = self.reused = 0     # prompt tokens prefilled, and taken from a cache
@@ -150,17 +159,30 @@ class Engine:
         while not self.stopped:
             try:
                 self._drop_cancelled()
+                if not self.sampler.generating:
+                    self._gather()
                 self._admit()
                 if not self.sampler.generating:
                     self.wake.wait(0.05)
                     self.wake.clear()
                     continue
-                ended = self.sampler.advance(self.params, self.rng)
+                settings = {r: self.running[r].sampling for r in self.sampler.generating}
+                ended = self.sampler.advance(settings, self.rng)
                 self.decode_calls += 1
                 self._report(ended)
             except Exception as e:   # noqa: BLE001 - the jobs in flight fail, the server goes on
                 log.exception("serving engine")
                 self._fail_all(f"error: {e!r}"[:300])
+
+    def _gather(self) -> None:
+        """While no row decodes: wait for the jobs sent with the first one waiting, until
+        none arrives for gather_s (at most 4 x gather_s, or until they fill the free rows)."""
+        seen, deadline = len(self.waiting), time.monotonic() + 4 * self.gather_s
+        while 0 < seen < len(self.free) and time.monotonic() < deadline:
+            time.sleep(self.gather_s)
+            seen, before = len(self.waiting), seen
+            if seen == before:
+                return
 
     def _drop_cancelled(self) -> None:
         with self.lock:
@@ -171,22 +193,20 @@ class Engine:
                 self._end(row, job, None)
 
     def _admit(self) -> None:
-        """Waiting jobs into free rows (admissible), each into the row sharing the longest
-        prefix with its prompt; their prompts prefilled past that prefix, in one call."""
+        """Waiting jobs into free rows, first in first out, whatever their settings, each
+        into the row `pick_row` gives; their prompts prefilled past the prefix kept, in one
+        call."""
         with self.lock:
-            n = admissible(self.waiting, len(self.free),
-                           self.params if self.sampler.generating else None)
+            n = min(len(self.free), len(self.waiting))
             take, self.waiting = self.waiting[:n], self.waiting[n:]
         if not take:
             return
-        self.params = take[0].sampling
         appends = {}
         for job in take:
-            row = max(self.free, key=lambda r: common_prefix(self.held[r], job.tokens))
+            row, keep = pick_row(self.free, self.held, job.tokens, self.reuse_prefix)
             self.free.remove(row)
             job.row = row
-            keep = min(common_prefix(self.held[row], job.tokens), len(job.tokens) - 1)
-            self.sampler.reset(row, keep)          # the model must see one new token
+            self.sampler.reset(row, keep)
             appends[row] = list(job.tokens[keep:])
             self.reused += keep
             self.prefilled += len(job.tokens) - keep
