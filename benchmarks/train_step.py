@@ -12,8 +12,9 @@ which is reported), AdamW with global-norm clipping, one microbatch.
 FLOPs counted per step (stated as "model FLOPs"): 6 x N x tokens for the matmul
 weights, N = layer projections (q, k, v, o, gate, up, down) + the LM head (vocab x
 hidden; the embedding lookup is a gather, not counted), plus attention 3 x 4 x T x S x
-heads x head_dim per row and layer (QK^T and PV, forward + 2x backward) over the full T x
-S score matrix the decoder computes (masked, not causal-halved). Norms, softmaxes, rope,
+heads x head_dim per row and layer (QK^T and PV, forward + 2x backward) over the scores
+the decoder computes: the full T x S matrix (masked) where attention runs as "xla", the
+causal half where it runs blockwise (the CPU above 512 tokens). Norms, softmaxes, rope,
 the loss and the optimizer are not counted.
 
 Peak: a jitted jnp.dot of two --matmul-n x --matmul-n float32 matrices (2 n^3 FLOPs),
@@ -53,14 +54,24 @@ import common
 TARGET = 0.5
 
 
-def flops_per_step(mc, rows: int, seq: int) -> dict:
+def flops_per_step(mc, rows: int, seq: int, attention: str = "xla") -> dict:
+    """Model FLOPs of one step; attention as `attention` computes it: every T x S score
+    ("xla"), or the causal half (blockwise attention skips the blocks past the diagonal)."""
     E, F, L, V = mc.hidden_size, mc.intermediate_size, mc.num_layers, mc.vocab_size
     HD, KD = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
     n_mm = L * (E * HD + 2 * E * KD + HD * E + 3 * E * F) + E * V
     tokens = rows * seq
     dense = 6 * n_mm * tokens
-    attn = 3 * 4 * seq * seq * HD * L * rows
+    attn = 3 * 4 * seq * seq * HD * L * rows // (1 if attention == "xla" else 2)
     return {"matmul_params": n_mm, "dense": dense, "attention": attn, "total": dense + attn}
+
+
+def _attention(seq: int) -> str:
+    """What model.attention "auto" runs on the CPU for rows of `seq` tokens."""
+    import jax.numpy as jnp
+
+    from supo_jax.model.attention import resolve
+    return resolve("auto", jnp.float32, seq, "cpu")
 
 
 def dot_ops(hlo: str) -> set[str]:
@@ -232,7 +243,7 @@ def one_mesh(args, label: str, compile_only: bool) -> dict:
         msg += f", second step {out['second_step_s']:.1f} s"
     print(f"mesh {label}: {msg}, loss {float(m['loss']):.4f}", flush=True)
     ts, fracs = [], []
-    fl = flops_per_step(mc, args.rows, args.seq)["total"]
+    fl = flops_per_step(mc, args.rows, args.seq, _attention(args.seq))["total"]
     for i in range(args.repeats):
         peak = _matmul_peak(args.matmul_n, args.matmul_calls)
         peaks += peak
@@ -330,7 +341,7 @@ def main(argv=None):
     from supo_jax.model.tiny import tiny_config
     mc = tiny_config("qwen2", vocab_size=args.vocab, hidden=args.hidden, layers=args.layers,
                      heads=args.heads, kv_heads=args.kv_heads, mlp=args.mlp, tie=True)
-    fl = flops_per_step(mc, args.rows, args.seq)
+    fl = flops_per_step(mc, args.rows, args.seq, _attention(args.seq))
     tokens = args.rows * args.seq
     runs = {}
     for label, p in procs.items():

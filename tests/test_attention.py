@@ -99,6 +99,7 @@ def test_splash_interpreted_equals_plain():
 
 def test_resolve_by_backend_and_errors():
     assert resolve("auto", jnp.float32, 512, "cpu") == "xla"
+    assert resolve("auto", jnp.float32, 513, "cpu") == "blockwise"
     assert resolve("auto", jnp.float32, 4096, "cpu") == "blockwise"
     assert resolve("auto", jnp.bfloat16, 4096, "gpu") == "cudnn"
     assert resolve("auto", jnp.float32, 4096, "gpu") == "blockwise"

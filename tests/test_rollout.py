@@ -487,11 +487,15 @@ def test_frozen_summarizer_writes_untrained_summaries(fmt):
 
 
 @pytest.mark.slow
-def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
+def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path, capsys):
+    """`supo-jax rollout --policy scripted` on every built-in environment (the command's own
+    main, in this process: the scripted policy runs no model), then a real checkpoint through
+    the command in a process of its own (one device)."""
     import json
     import subprocess
     import sys
 
+    from supo_jax import cli
     from supo_jax.envs import list_envs
     from tests.helpers import make_hf_model
 
@@ -510,13 +514,13 @@ def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path):
                  # sections: 6 pages a section, so 4 sections fit the recipe's 30 steps
                  else ["--set", f"env.knobs.size={4 if name == 'fncall/sections' else 6}",
                        "--set", "context.working_context=1400"])
-        r = subprocess.run([sys.executable, "-m", "supo_jax.cli", "rollout", "--env", name,
-                            "--policy", "scripted", "--num", "2", "--out", str(out), *knobs],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, (name, r.stderr[-1500:])
+        code = cli.main(["rollout", "--env", name, "--policy", "scripted", "--num", "2",
+                         "--out", str(out), *knobs])
+        printed = capsys.readouterr()
+        assert code in (0, None), (name, printed.err[-1500:])
         recs = [json.loads(x) for x in out.read_text().splitlines()]
         assert len(recs) == 2 and all(x["reason"] == "answer" and x["reward"] == 1.0 for x in recs)
-        assert "success_rate" in r.stdout
+        assert "success_rate" in printed.out
         if name.startswith("bfcl/"):    # BFCL's decoded calls, per turn and step
             assert all(x["env_info"]["calls"] and isinstance(x["env_info"]["calls"][0], list)
                        for x in recs)

@@ -33,6 +33,8 @@ from supo_jax.model import platform
 from supo_jax.model.sharding import context_batch_axes
 
 IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
+CPU_XLA_MAX = 512     # CPU rows up to this many tokens: every score at once (xla)
+CPU_BLOCK = 64        # CPU: blockwise attention's query and key blocks
 _NEG = -1e30          # finite: masked scores, and the running max before any key is seen
 
 
@@ -40,8 +42,14 @@ def resolve(impl: str, dtype, t: int, backend: str | None = None) -> str:
     """The implementation `impl` runs as for rows of t tokens in compute dtype `dtype`.
 
     auto: TPU -> splash; GPU -> cudnn in bf16 / f16, blockwise in float32 (cuDNN's fused
-    kernels take no float32); CPU -> xla up to 1024 tokens (one block anyway), blockwise
-    above."""
+    kernels take no float32); CPU -> xla up to CPU_XLA_MAX tokens, blockwise (blocks of
+    CPU_BLOCK) above. On one core, blockwise attention's forward and backward took a
+    third of xla's time over 448-token rows and an eighth over 1024-token rows (xla's
+    [T, T] scores and softmax outgrow the caches; small blocks also skip those past the
+    diagonal). Up to 512 tokens xla stays: a run's rounding decides where the CPU recipe's
+    SFT lands (blockwise at W = 446 took its held-out success after SFT from 0.53 to 0.94),
+    and the recipe's committed figures were made with xla (experiments/LOG.md, 2026-12-06).
+    """
     if impl not in IMPLS:
         raise ValueError(f"model.attention={impl!r} is not one of {', '.join(IMPLS)}")
     backend = backend or platform.backend()
@@ -51,7 +59,7 @@ def resolve(impl: str, dtype, t: int, backend: str | None = None) -> str:
             return "splash"
         if backend in ("gpu", "cuda", "rocm"):
             return "cudnn" if low and backend != "rocm" else "blockwise"
-        return "xla" if t <= 1024 else "blockwise"
+        return "xla" if t <= CPU_XLA_MAX else "blockwise"
     if impl == "cudnn" and not low:
         raise ValueError("model.attention=cudnn needs a bfloat16 / float16 compute dtype "
                          "(cuDNN's fused attention has no float32 kernels)")
@@ -59,8 +67,11 @@ def resolve(impl: str, dtype, t: int, backend: str | None = None) -> str:
 
 
 def causal_attention(q, k, v, q_index, segment_ids=None, *, impl: str = "auto", precision=None,
-                     block_q: int = 512, block_k: int = 512):
+                     block_q: int | None = None, block_k: int | None = None):
+    """block_q, block_k: blockwise attention's blocks (None: CPU_BLOCK on the CPU, else 512)."""
     impl = resolve(impl, q.dtype, q.shape[1])
+    block = CPU_BLOCK if platform.backend() == "cpu" else 512
+    block_q, block_k = block_q or block, block_k or block
     if impl == "xla":
         return xla_attention(q, k, v, _mask(q_index, k.shape[2], segment_ids), precision=precision)
     if impl == "blockwise":
