@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
+import logging
 import queue
 import threading
 import time
@@ -464,6 +465,18 @@ class OneProcess:
 GRACE = 0.05   # of a decode call's time, waited for the tool calls made at its end
 
 
+def _release(env) -> None:
+    """An environment's `release()` hook, where it has one, once its rollout has ended (a
+    harness session answers its request in flight: supo_jax.serve.harness). It must not
+    block; what it raises is logged, and the rollout stands (it is recorded already)."""
+    hook = getattr(env, "release", None)
+    if callable(hook):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - an environment's hook never fails the run
+            logging.getLogger(__name__).exception("an environment's release() failed")
+
+
 class _Driver:
     """The state of one run_rollouts call. Rows advance independently: at each boundary (one
     decode call of the actor), the rows whose reset or environment step came back join the
@@ -539,6 +552,7 @@ class _Driver:
                           clear_exhausted=st.clear_exhausted))
         del self.active[row.slot]
         self.free.append(row.slot)
+        _release(row.env)
         if self.progress:
             self.progress(1)
 

@@ -1,6 +1,8 @@
 """`supo-jax serve`: an OpenAI-compatible HTTP server over a policy (Starlette on uvicorn).
 
-Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions; with
+harness sessions (supo_jax.serve.sessions, docs/HARNESS.md) also
+POST /sessions/{sid}/v1/chat/completions and GET /sessions/{sid}/v1/models.
 Every request is checked (supo_jax.serve.api); a bad one is a 4xx with an OpenAI-style
 error body naming the field. A request's n choices are n rows of one Engine (continuous
 batching); a client that goes away, streaming or not, frees its rows.
@@ -22,6 +24,7 @@ from supo_jax.sampling.sampler import SamplingParams, bucket
 from supo_jax.serve import api
 from supo_jax.serve.api import ApiError
 from supo_jax.serve.engine import Engine, Event, Job, QueueFull
+from supo_jax.serve.sessions import Sessions, session_chat, session_models
 from supo_jax.text.parsing import format_tool_call
 
 log = logging.getLogger(__name__)
@@ -472,8 +475,9 @@ def _error_response(e: ApiError):
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def build_app(server: Server):
-    """The Starlette application of `server`."""
+def build_app(server: Server | None, sessions: Sessions | None = None):
+    """The Starlette application of `server` (None: no plain serving), with the routes of
+    harness `sessions` where given (a session's id is its credential: no API key)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response
@@ -482,7 +486,7 @@ def build_app(server: Server):
     def handler(fn, authenticated=True):
         async def endpoint(request):
             try:
-                if authenticated:
+                if authenticated and server is not None:
                     check_key(server, request)
                 body = await read_json(request) if request.method == "POST" else None
                 return await fn(server, request, body)
@@ -512,10 +516,18 @@ def build_app(server: Server):
         return _error_response(ApiError(f"{exc.detail}: {request.method} {request.url.path}",
                                         status=exc.status_code))
 
-    routes = [Route("/health", handler(health, authenticated=False), methods=["GET"]),
-              Route("/v1/models", handler(models), methods=["GET"]),
-              Route("/v1/chat/completions", handler(chat), methods=["POST"]),
-              Route("/v1/completions", handler(completions), methods=["POST"])]
+    routes = [] if server is None else [
+        Route("/health", handler(health, authenticated=False), methods=["GET"]),
+        Route("/v1/models", handler(models), methods=["GET"]),
+        Route("/v1/chat/completions", handler(chat), methods=["POST"]),
+        Route("/v1/completions", handler(completions), methods=["POST"])]
+    if sessions is not None:
+        def of(fn):
+            return handler(lambda _, request, body: fn(sessions, request, body),
+                           authenticated=False)
+        routes += [Route("/sessions/{sid}/v1/chat/completions", of(session_chat),
+                         methods=["POST"]),
+                   Route("/sessions/{sid}/v1/models", of(session_models), methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 
