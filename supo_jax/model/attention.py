@@ -44,7 +44,7 @@ def resolve(impl: str, dtype, t: int, backend: str | None = None) -> str:
     auto: TPU -> splash; GPU -> cudnn in bf16 / f16, blockwise in float32 (cuDNN's fused
     kernels take no float32); CPU -> xla up to CPU_XLA_MAX tokens, blockwise (blocks of
     CPU_BLOCK) above. On one core, blockwise attention's forward and backward took a
-    third of xla's time over 448-token rows and an eighth over 1024-token rows (xla's
+    third of xla's time over 448-token rows and a fifth over 1024-token rows (xla's
     [T, T] scores and softmax outgrow the caches; small blocks also skip those past the
     diagonal). Up to 512 tokens xla stays: a run's rounding decides where the CPU recipe's
     SFT lands (blockwise at W = 446 took its held-out success after SFT from 0.53 to 0.94),
