@@ -50,6 +50,16 @@ def _config(args, announce: bool = True):
     return cfg
 
 
+def _harness_mode(cfg):
+    """Harness mode's sessions server for the command's rollouts where env.harness is set."""
+    import contextlib
+
+    if not cfg.env.harness:
+        return contextlib.nullcontext()
+    from supo_jax.serve.harness import harness_mode
+    return harness_mode(cfg)
+
+
 def _no_summarizer(cfg) -> None:
     """No command has a second (summarizer) policy: frozen_summarizer is the Python API's."""
     from supo_jax.config import ConfigError
@@ -135,7 +145,8 @@ def _cmd_train(args) -> None:
 
     cfg = _config(args)
     try:
-        out = train(cfg)
+        with _harness_mode(cfg):
+            out = train(cfg)
     except Preempted as e:
         print(f"supo-jax train: {e}", file=sys.stderr)
         raise SystemExit(143) from None    # 128 + SIGTERM: the run did not finish
@@ -204,7 +215,8 @@ def _cmd_eval(args) -> None:
     check_prompt_fits(cfg, fmt, "eval")
     expert_ceiling(cfg, fmt)     # one line when the ideal agent solves none at these settings
     caps = args.max_summaries or [None]
-    rows = evaluate_caps(policy, fmt, cfg, caps, seed=cfg.train.seed)
+    with _harness_mode(cfg):
+        rows = evaluate_caps(policy, fmt, cfg, caps, seed=cfg.train.seed)
     keys = ["max_summaries", "success_rate", "summaries_mean", "tool_calls_mean",
             "working_context_mean", "effective_context_mean", "overlong_rate"]
     print(" | ".join(f"{k:>20s}" for k in keys))
@@ -283,7 +295,8 @@ def _cmd_rollout(args) -> None:
         check_prompt_fits(cfg, fmt, args.split)
         from supo_jax.rl.trainer import expert_ceiling
         ceiling = expert_ceiling(cfg, fmt)
-        ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
+        with _harness_mode(cfg):
+            ro = rollout_batch(policy, fmt, cfg, tasks, seed=cfg.train.seed, group_size=1)
     s = summarize(ro)
     if args.policy != "scripted" and ceiling:
         s["expert_success_rate"] = ceiling["expert_success_rate"]

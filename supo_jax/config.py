@@ -61,6 +61,11 @@ class ModelSection:
 class EnvSection:
     name: str = "fncall/tallest"
     imports: tuple = ()            # modules to import first (they register more environments)
+    # harness mode (docs/HARNESS.md): "module:function", an agent episode(task, client, model)
+    # -> reward speaking the OpenAI API, whose sessions are the run's rollouts; its tasks are
+    # env.name's (that environment's task generator), its tools its own. "" = off: the
+    # rollouts are env.name's own environment
+    harness: str = ""
     knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
     eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
     train_tasks: int = 4096
@@ -370,6 +375,43 @@ def import_env_modules(env: EnvSection) -> None:
                               "from the working directory and sys.path)") from None
 
 
+def load_harness(env: EnvSection):
+    """The function env.harness names ("module:function"), its module looked up as env.imports'
+    are; a ConfigError names one that does not import or is not a function."""
+    mod, sep, name = env.harness.partition(":")
+    if not (sep and mod and name):
+        raise ConfigError(f"env.harness={env.harness!r}: \"module:function\" expected (a function "
+                          "episode(task, client, model) -> reward)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(mod), name, None)
+    except ImportError as e:
+        raise ConfigError(f"env.harness: cannot import {mod!r} ({e}; modules are looked up from "
+                          "the working directory and sys.path)") from None
+    if not callable(fn):
+        raise ConfigError(f"env.harness={env.harness!r}: module {mod!r} has no function {name!r}")
+    return fn
+
+
+# the context managers harness mode runs: the others' own tools (fold's) or context edits are
+# not checked against a harness yet
+HARNESS_MANAGERS = ("supo", "full")
+
+
+def _check_harness(cfg: Config) -> None:
+    """Harness mode's settings (env.harness set): a harness that imports, a manager it runs, no
+    partial rollouts (a harness's episode cannot be suspended across steps and replayed)."""
+    load_harness(cfg.env)
+    if cfg.context.manager not in HARNESS_MANAGERS:
+        raise ConfigError(f"env.harness with context.manager={cfg.context.manager!r}: harness "
+                          f"mode runs {' and '.join(HARNESS_MANAGERS)} only")
+    if cfg.rollout.budget_tokens:
+        raise ConfigError(f"env.harness with rollout.budget_tokens={cfg.rollout.budget_tokens}: "
+                          "a harness's episode cannot be suspended and replayed in a later step; "
+                          "set rollout.budget_tokens=0")
+
+
 # numeric settings checked at start, naming themselves (not a division by zero, or a run that
 # trains with a negative learning rate, later)
 POSITIVE = ("rollout.rows", "rollout.group_size", "rollout.tasks_per_step", "optim.lr",
@@ -395,6 +437,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)
+    if cfg.env.harness:
+        _check_harness(cfg)
     if cfg.model.path == "tiny":   # the tiny policy asked for by name
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="",
                                                                  pretrained=False))

@@ -12,18 +12,21 @@ DOCS = {name: open(os.path.join(ROOT, "docs", name)).read()
         for name in sorted(os.listdir(os.path.join(ROOT, "docs"))) if name.endswith(".md")}
 # the example environment, shipped as my_envs/redcount.py (docs/ENVIRONMENTS.md shows it)
 EXAMPLE = open(os.path.join(ROOT, "my_envs", "redcount.py")).read()
+# docs/HARNESS.md's harness, which its command reads as my_harness.py in the working directory
+HARNESS = re.findall(r"```python\n(.*?)```", DOCS["HARNESS.md"], re.S)[0]
 
 
 @contextlib.contextmanager
 def example_dir(path, monkeypatch):
-    """`path` as the working directory, holding the README's example as my_envs/redcount.py;
-    environment and expert registrations, sys.path and the imported modules are undone
-    afterwards."""
+    """`path` as the working directory, holding the README's example as my_envs/redcount.py
+    and docs/HARNESS.md's harness as my_harness.py; environment and expert registrations,
+    sys.path and the imported modules are undone afterwards."""
     from supo_jax.envs import base
     from supo_jax.envs import experts as E
 
     (path / "my_envs").mkdir()
     (path / "my_envs" / "redcount.py").write_text(EXAMPLE)
+    (path / "my_harness.py").write_text(HARNESS)
     monkeypatch.chdir(path)
     monkeypatch.setattr(base, "_ENVS", dict(base._ENVS))
     monkeypatch.setattr(E, "_EXPERTS", dict(E._EXPERTS))
@@ -31,7 +34,8 @@ def example_dir(path, monkeypatch):
     try:
         yield path
     finally:
-        for m in [m for m in sys.modules if m.split(".")[0] in ("my_envs", "experiments")]:
+        for m in [m for m in sys.modules if m.split(".")[0] in ("my_envs", "my_harness",
+                                                                  "experiments")]:
             sys.modules.pop(m, None)   # imported again next time, so they register again
 
 

@@ -168,6 +168,8 @@ def test_every_readme_command_parses_and_validates_as_written(tmp_path, monkeypa
     monkeypatch.setattr(plan_module, "plan", stop)        # plan: the compiles themselves
     monkeypatch.setattr(sweep, "run_sweep", stop)
     monkeypatch.setattr(rollout, "run_rollouts", stop)   # rollout commands (test_byo_env runs them)
+    from supo_jax.serve import app as serve_app
+    monkeypatch.setattr(serve_app, "listen", stop)        # serve: its port, then the policy
     seen = []
     with example_dir(tmp_path, monkeypatch):
         for cmd in COMMANDS:

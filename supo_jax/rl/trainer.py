@@ -18,6 +18,7 @@ would.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -92,8 +93,6 @@ def policy_rollouts(policy: Policy, fmt: ChatFormat, cfg: Config, items: Sequenc
                     envs: dict | None = None):
     """rollout_batch's phase over rollouts to start or resume (agent.rollout.rollout_phase's
     result)."""
-    from supo_jax.envs import make_env
-
     ctx = context or cfg.context
     r = cfg.rollout
     sampling = sampling or SamplingParams(r.temperature, r.top_k, r.top_p)
@@ -102,11 +101,40 @@ def policy_rollouts(policy: Policy, fmt: ChatFormat, cfg: Config, items: Sequenc
     policy = serving_policy(cfg, policy)
     rows = sampler_rows(cfg, len(items), policy.mesh)
     actor = PolicyActor(policy, fmt, rows=rows, max_len=max_len, sampling=sampling, seed=seed)
-    return rollout_phase(actor, lambda: make_env(cfg.env.name), items, fmt, ctx,
+    return rollout_phase(actor, env_maker(cfg), items, fmt, ctx,
                          group_size=group_size, rows=rows, budget_tokens=budget_tokens,
                          version=version, reproducible=r.reproducible, envs=envs,
                          env_timeout_s=cfg.env.timeout_s, progress=progress,
                          peers=ProcessPeers() if jax.process_count() > 1 else None)
+
+
+# harness mode (env.harness): the make_env of the rollouts, installed for a run by the layer
+# that serves the harness's sessions (supo_jax.serve.harness.harness_mode: rl is below serve)
+_HARNESS_ENVS: list[Callable[[], object]] = []
+
+
+@contextlib.contextmanager
+def harness_envs_installed(make_env: Callable[[], object]):
+    """Within: the rollouts of a run in harness mode (training, evals) make their environments
+    with `make_env` (one harness session a rollout)."""
+    _HARNESS_ENVS.append(make_env)
+    try:
+        yield
+    finally:
+        _HARNESS_ENVS.remove(make_env)
+
+
+def env_maker(cfg: Config) -> Callable[[], object]:
+    """The make_env of cfg's rollouts: env.name's environment, or in harness mode the sessions
+    that harness_mode installed (a ConfigError where none is)."""
+    if not cfg.env.harness:
+        from supo_jax.envs import make_env
+        return lambda: make_env(cfg.env.name)
+    if not _HARNESS_ENVS:
+        raise ConfigError(f"env.harness={cfg.env.harness!r}: a harness's rollouts need the "
+                          "sessions server; run `supo-jax train`, or train(cfg) within "
+                          "supo_jax.serve.harness.harness_mode(cfg)")
+    return _HARNESS_ENVS[-1]
 
 
 _REPORTED_ERRORS: set = set()
@@ -422,6 +450,7 @@ def train(cfg: Config) -> dict:
 
 
 def _train(cfg: Config, preemption: _Preemption) -> dict:
+    env_maker(cfg)   # harness mode without its sessions fails here, not in the first rollout
     run = open_run(cfg, stop=preemption.agreed)
     metrics_log = MetricsLog(cfg.train.run_dir, run.start)
     if cfg.train.eval_before:

@@ -21,6 +21,7 @@ silent past `timeout_s` fails its rollout (env_error / timeout, recorded), never
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -195,3 +196,27 @@ def harness_envs(harness: Harness, sessions: Sessions, url: str,
                  **kwargs) -> Callable[[], HarnessEnv]:
     """make_env for the driver (run_rollouts, rollout_phase): a HarnessEnv per rollout."""
     return lambda: HarnessEnv(harness, sessions, url, **kwargs)
+
+
+@contextlib.contextmanager
+def harness_mode(cfg):
+    """A run of `cfg` (a Config) in harness mode (env.harness): one sessions server for the run
+    on a free local port; within, the trainer's rollouts (training and evals) are sessions of
+    the harness. Yields the server's URL.
+
+        with harness_mode(cfg):
+            train(cfg)
+    """
+    from supo_jax.config import load_harness
+    from supo_jax.rl.trainer import harness_envs_installed
+    from supo_jax.serve.app import Running, build_app
+
+    harness = load_harness(cfg.env)
+    sessions = Sessions()
+    server = Running(build_app(None, sessions))
+    try:
+        with harness_envs_installed(harness_envs(harness, sessions, server.url,
+                                                 timeout_s=cfg.env.timeout_s)):
+            yield server.url
+    finally:
+        server.stop()
