@@ -64,8 +64,10 @@ class EnvSection:
     # harness mode (docs/HARNESS.md): "module:function", an agent episode(task, client, model)
     # -> reward speaking the OpenAI API, whose sessions are the run's rollouts; its tasks are
     # env.name's (that environment's task generator), its tools its own. "" = off: the
-    # rollouts are env.name's own environment
+    # rollouts are env.name's own environment. "http": a harness in a process of its own
+    # claims the sessions over HTTP (GET /sessions/next on 127.0.0.1:harness_port)
     harness: str = ""
+    harness_port: int = 0          # the sessions server's port in harness mode; 0 = a free one
     knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
     eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
     train_tasks: int = 4096
@@ -377,11 +379,14 @@ def import_env_modules(env: EnvSection) -> None:
 
 def load_harness(env: EnvSection):
     """The function env.harness names ("module:function"), its module looked up as env.imports'
-    are; a ConfigError names one that does not import or is not a function."""
+    are; a ConfigError names one that does not import or is not a function. None for "http"
+    (an out-of-process harness)."""
+    if env.harness == "http":
+        return None
     mod, sep, name = env.harness.partition(":")
     if not (sep and mod and name):
         raise ConfigError(f"env.harness={env.harness!r}: \"module:function\" expected (a function "
-                          "episode(task, client, model) -> reward)")
+                          "episode(task, client, model) -> reward), or \"http\"")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -422,6 +427,7 @@ POSITIVE = ("rollout.rows", "rollout.group_size", "rollout.tasks_per_step", "opt
 AT_LEAST_0 = {"rollout.dynamic_rounds": "0 = off", "rollout.budget_tokens": "0 = off",
               "rollout.max_staleness": "", "rollout.temperature": "0 = greedy",
               "optim.warmup_steps": "", "optim.weight_decay": "",
+              "env.harness_port": "0 = a free port",
               "optim.max_row_len": "0 = the context bound", "optim.max_kl": "0 = off",
               "train.steps": "", "train.eval_every": "0 = only at the end",
               "train.expert_ceiling": "0 = no expert rollouts", "sft.summary_drop": ""}
@@ -646,7 +652,7 @@ RESUMABLE_KEYS = ("train.run_dir", "train.steps", "train.save_every", "train.kee
                   "train.eval_before", "train.expert_ceiling", "train.eval_temperature",
                   "train.eval_samples",
                   "train.eval_max_summaries", "train.progress", "train.accept_config_change",
-                  "env.eval_tasks", "env.eval_knobs")
+                  "env.eval_tasks", "env.eval_knobs", "env.harness_port")
 
 
 def config_changes(saved: dict, cfg, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:

@@ -2,7 +2,8 @@
 
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions; with
 harness sessions (supo_jax.serve.sessions, docs/HARNESS.md) also
-POST /sessions/{sid}/v1/chat/completions and GET /sessions/{sid}/v1/models.
+POST /sessions/{sid}/v1/chat/completions and GET /sessions/{sid}/v1/models, and for
+out-of-process harnesses GET /sessions/next and POST /sessions/{sid}/reward.
 Every request is checked (supo_jax.serve.api); a bad one is a 4xx with an OpenAI-style
 error body naming the field. A request's n choices are n rows of one Engine (continuous
 batching); a client that goes away, streaming or not, frees its rows.
@@ -24,7 +25,8 @@ from supo_jax.sampling.sampler import SamplingParams, bucket
 from supo_jax.serve import api
 from supo_jax.serve.api import ApiError
 from supo_jax.serve.engine import Engine, Event, Job, QueueFull
-from supo_jax.serve.sessions import Sessions, session_chat, session_models
+from supo_jax.serve.sessions import (Sessions, session_chat, session_models, session_next,
+                                     session_reward)
 from supo_jax.text.parsing import format_tool_call
 
 log = logging.getLogger(__name__)
@@ -527,7 +529,9 @@ def build_app(server: Server | None, sessions: Sessions | None = None):
                            authenticated=False)
         routes += [Route("/sessions/{sid}/v1/chat/completions", of(session_chat),
                          methods=["POST"]),
-                   Route("/sessions/{sid}/v1/models", of(session_models), methods=["GET"])]
+                   Route("/sessions/{sid}/v1/models", of(session_models), methods=["GET"]),
+                   Route("/sessions/next", of(session_next), methods=["GET"]),
+                   Route("/sessions/{sid}/reward", of(session_reward), methods=["POST"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
 

@@ -13,6 +13,11 @@ a thread of its own per rollout, its client pointed at a session of this server
                     results, or a user turn) are the observation, or its return ends the
                     episode with its reward
 
+A harness of None is out of process (any language, HTTP alone): reset offers the session
+and its task to the next harness process that claims one (GET /sessions/next), and the
+harness's POST /sessions/{id}/reward is its return (docs/HARNESS.md, "The session
+protocol"). A session no process claims within `timeout_s` times out.
+
 So the driver, its context manager (summaries included: one happens between two requests,
 and the pending request is answered by the first action after the reset), its segments and
 its rows are the built-in loop's; the harness never sees the working context. A harness
@@ -64,12 +69,13 @@ def _sampling_set(req) -> bool:
 
 class HarnessEnv(Environment):
     """One rollout of `harness` through a session of `sessions`, served at `url` (the
-    server's root, e.g. app.Running(...).url). timeout_s: how long the harness may take to
+    server's root, e.g. app.Running(...).url); `harness` None: a harness process claims the
+    session over HTTP and reports its reward by a POST. timeout_s: how long the harness may take to
     send its next request (or return) after an answer; past it the rollout times out (the
     driver's env_timeout_s bounds the same wait: the shorter one decides)."""
     name = "harness"
 
-    def __init__(self, harness: Harness, sessions: Sessions, url: str,
+    def __init__(self, harness: Harness | None, sessions: Sessions, url: str,
                  timeout_s: float = 300.0, request_timeout_s: float = 3600.0):
         super().__init__()
         self.harness, self.sessions, self.url = harness, sessions, url.rstrip("/")
@@ -97,8 +103,14 @@ class HarnessEnv(Environment):
 
     def reset(self, task: dict) -> Reset:
         s = self.session = self.sessions.open()
-        threading.Thread(target=self._play, args=(task, s), daemon=True,
-                         name=f"harness-{s.id[:8]}").start()
+        if self.harness is None:
+            self.sessions.offer(s, task)
+            if not s.claimed.wait(self.timeout_s):
+                raise self._fail(session_error("no harness process claimed the session in "
+                                               "time", 408, "harness_timeout"), "timeout")
+        else:
+            threading.Thread(target=self._play, args=(task, s), daemon=True,
+                             name=f"harness-{s.id[:8]}").start()
         req = self._next_request()
         try:
             system, prompt = first_turn(req.messages)
@@ -192,17 +204,19 @@ class HarnessEnv(Environment):
         return HarnessFailed(f"harness session: {error.message}", reason)
 
 
-def harness_envs(harness: Harness, sessions: Sessions, url: str,
+def harness_envs(harness: Harness | None, sessions: Sessions, url: str,
                  **kwargs) -> Callable[[], HarnessEnv]:
-    """make_env for the driver (run_rollouts, rollout_phase): a HarnessEnv per rollout."""
+    """make_env for the driver (run_rollouts, rollout_phase): a HarnessEnv per rollout
+    (`harness` None: out of process)."""
     return lambda: HarnessEnv(harness, sessions, url, **kwargs)
 
 
 @contextlib.contextmanager
 def harness_mode(cfg):
     """A run of `cfg` (a Config) in harness mode (env.harness): one sessions server for the run
-    on a free local port; within, the trainer's rollouts (training and evals) are sessions of
-    the harness. Yields the server's URL.
+    on 127.0.0.1 at env.harness_port (0: a free port); within, the trainer's rollouts
+    (training and evals) are sessions of the harness. Yields the server's URL, which an
+    out-of-process harness (env.harness="http") is told on stdout.
 
         with harness_mode(cfg):
             train(cfg)
@@ -213,10 +227,13 @@ def harness_mode(cfg):
 
     harness = load_harness(cfg.env)
     sessions = Sessions()
-    server = Running(build_app(None, sessions))
+    server = Running(build_app(None, sessions), port=cfg.env.harness_port)
+    if harness is None:
+        print(f"harness sessions: {server.url}/sessions/next", flush=True)
     try:
         with harness_envs_installed(harness_envs(harness, sessions, server.url,
                                                  timeout_s=cfg.env.timeout_s)):
             yield server.url
     finally:
+        sessions.shutdown()
         server.stop()

@@ -21,12 +21,19 @@ is never trained on as if the policy had seen it.
 A Session is a mailbox between two threads: the HTTP route hands it a request (`ask`, a
 future the route awaits) and the rollout's environment (supo_jax.serve.harness.HarnessEnv)
 takes the requests and the harness's end (`next_event`) and answers (`answer`, `end`).
+
+An out-of-process harness (any language) opens no session itself: the rollout offers its
+session (`Sessions.offer`), a harness process claims it (`GET /sessions/next`, long-polled:
+its id, base URL, model and task) and ends it with its reward (`POST /sessions/{id}/reward`,
+`Session.report`).
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import collections
 import json
+import math
 import queue
 import threading
 import uuid
@@ -146,6 +153,8 @@ class Session:
         self.id, self.model = sid, model
         self.held: list[dict] = []
         self.tools: tuple[dict, ...] = ()
+        self.task: dict | None = None             # an offered session's task
+        self.claimed = threading.Event()          # an offered session's claim by a harness
         self._events: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._waiting: cf.Future | None = None   # the request not answered yet
@@ -183,24 +192,41 @@ class Session:
         if fut is not None and not fut.done():
             (fut.set_exception if isinstance(result, ApiError) else fut.set_result)(result)
 
-    def end(self, error: ApiError) -> None:
-        """No more requests: the one in flight and every later one get `error`; a wait in
-        next_event wakes. Idempotent (the first error stays)."""
+    def report(self, reward: float) -> None:
+        """The reward of an out-of-process harness (its POST): its episode returned. Later
+        requests get a 410; a session already ended raises its end's error."""
         with self._lock:
             if self._ended is not None:
-                return
+                raise self._ended
+            self._ended = session_error("the episode has ended: its reward was reported", 410,
+                                        "session_ended")
+        self._events.put(("returned", reward))
+
+    def end(self, error: ApiError) -> ApiError:
+        """No more requests: the one in flight and every later one get `error`; a wait in
+        next_event wakes. Idempotent: the first error stays (returned)."""
+        with self._lock:
+            if self._ended is not None:
+                return self._ended
             self._ended = error
         self.answer(error)
         self._events.put(("ended", error))
+        return error
 
 
 class Sessions:
     """The open sessions of a server, by id (a random, unguessable id: it is the session's
     only credential). Thread-safe."""
 
+    GONE = 4096   # ended sessions whose end is remembered (a later request gets its error)
+
     def __init__(self, model: str = "policy"):
         self.model = model
         self._open: dict[str, Session] = {}
+        self._gone: collections.OrderedDict[str, ApiError] = collections.OrderedDict()
+        self._offers: collections.deque[Session] = collections.deque()   # not claimed yet
+        self._claims: collections.deque[cf.Future] = collections.deque()  # claims waiting
+        self._shut = False
         self._lock = threading.Lock()
 
     def open(self) -> Session:
@@ -213,11 +239,65 @@ class Sessions:
         with self._lock:
             return self._open.get(sid)
 
-    def close(self, s: Session, error: ApiError) -> None:
-        """End `s` with `error` (see Session.end) and forget it: later requests get a 404."""
-        s.end(error)
+    def gone(self, sid: str) -> ApiError | None:
+        """The error that ended session `sid` (None: unknown, or ended long ago)."""
         with self._lock:
-            self._open.pop(s.id, None)
+            return self._gone.get(sid)
+
+    def close(self, s: Session, error: ApiError) -> ApiError:
+        """End `s` with `error` (see Session.end; the error that stands is returned); later
+        requests get that error (a 404 once GONE more sessions have ended)."""
+        error = s.end(error)
+        with self._lock:
+            if self._open.pop(s.id, None) is not None:
+                self._gone[s.id] = error
+                while len(self._gone) > self.GONE:
+                    self._gone.popitem(last=False)
+        return error
+
+    # out-of-process harnesses: a rollout offers its session, a harness process claims it
+
+    def offer(self, s: Session, task: dict) -> None:
+        """Offer open session `s` of `task` to the next claim (one waiting, or the next)."""
+        with self._lock:
+            s.task = task
+            while self._claims:
+                fut = self._claims.popleft()
+                if fut.set_running_or_notify_cancel():   # False: the claim gave up
+                    s.claimed.set()
+                    fut.set_result(s)
+                    return
+            self._offers.append(s)
+
+    def claim(self) -> cf.Future:
+        """A future of the next session offered (sessions ended meanwhile are skipped), or of
+        None once the server shuts down; a claim that gives up cancels it."""
+        fut: cf.Future = cf.Future()
+        with self._lock:
+            if self._shut:
+                fut.set_running_or_notify_cancel()
+                fut.set_result(None)
+                return fut
+            while self._offers:
+                s = self._offers.popleft()
+                if s.id in self._open:
+                    s.claimed.set()
+                    fut.set_running_or_notify_cancel()
+                    fut.set_result(s)
+                    return fut
+            self._claims = collections.deque(f for f in self._claims if not f.cancelled())
+            self._claims.append(fut)
+        return fut
+
+    def shutdown(self) -> None:
+        """The server stops: claims waiting, and later ones, get None at once (a 204), so
+        that no long poll holds the server's shutdown."""
+        with self._lock:
+            self._shut = True
+            claims, self._claims = self._claims, collections.deque()
+        for fut in claims:
+            if fut.set_running_or_notify_cancel():
+                fut.set_result(None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -228,10 +308,13 @@ class Sessions:
 
 
 def _session(sessions: Sessions, request) -> Session:
-    s = sessions.get(request.path_params["sid"])
+    """The open session of the request's path; its end's error for one that ended, a 404
+    for an unknown one."""
+    sid = request.path_params["sid"]
+    s = sessions.get(sid)
     if s is None:
-        raise session_error(f"unknown or ended session {request.path_params['sid'][:64]!r}",
-                            404, "session_not_found")
+        raise sessions.gone(sid) or session_error(f"unknown session {sid[:64]!r}", 404,
+                                                  "session_not_found")
     return s
 
 
@@ -258,3 +341,54 @@ async def session_models(sessions: Sessions, request, body):
     s = _session(sessions, request)
     return JSONResponse({"object": "list", "data": [
         {"id": s.model, "object": "model", "created": 0, "owned_by": "supo-jax"}]})
+
+
+MAX_WAIT_S = 300.0
+
+
+async def session_next(sessions: Sessions, request, body):
+    """GET /sessions/next?wait=S: the next session a rollout offers to an out-of-process
+    harness, {"id", "base_url", "model", "task"}, waiting up to S seconds (default 30, at
+    most MAX_WAIT_S) for one; 204 (no body) when none came."""
+    from starlette.responses import JSONResponse, Response
+
+    try:
+        wait = min(max(float(request.query_params.get("wait", "30")), 0.0), MAX_WAIT_S)
+    except ValueError:
+        raise session_error("wait is a number of seconds", 400, "invalid_wait", "wait") from None
+    fut = sessions.claim()
+    try:
+        s = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), wait)
+    except asyncio.TimeoutError:
+        if fut.cancel():
+            return Response(status_code=204)
+        s = fut.result()      # an offer took the claim as it gave up
+    except asyncio.CancelledError:   # the client left: the session goes to the next claim
+        if not fut.cancel() and fut.result() is not None:
+            sessions.offer(fut.result(), fut.result().task)
+        raise
+    if s is None:             # the server shuts down
+        return Response(status_code=204)
+    base = str(request.base_url).rstrip("/")
+    return JSONResponse({"id": s.id, "base_url": f"{base}/sessions/{s.id}/v1",
+                         "model": s.model, "task": s.task})
+
+
+def _finite(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+async def session_reward(sessions: Sessions, request, body):
+    """POST /sessions/{sid}/reward {"reward": <finite number>}: an out-of-process harness's
+    episode ends with its reward. Any other body fails the rollout (400 invalid_reward)."""
+    from starlette.responses import JSONResponse
+
+    s = _session(sessions, request)
+    reward = body.get("reward") if isinstance(body, dict) else None
+    if not _finite(reward):
+        raise sessions.close(s, session_error(
+            f"the reward must be a finite number, got {json.dumps(body)[:80]}: the rollout "
+            "fails", 400, "invalid_reward", "reward"))
+    s.report(float(reward))
+    return JSONResponse({"id": s.id, "reward": float(reward)})
