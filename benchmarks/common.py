@@ -258,3 +258,17 @@ def kv_bytes(model_cfg, rows: int, length: int, itemsize: int = 4) -> int:
     """Bytes of a KV cache: rows x length x layers x 2 (k, v) x kv_heads x head_dim x itemsize."""
     return (rows * length * model_cfg.num_layers * 2 * model_cfg.num_kv_heads * model_cfg.head_dim
             * itemsize)
+
+
+def rollout_config(ctx, mc, max_len: int, repeats: int) -> dict:
+    """The settings a rollout benchmark records: the context's, the row's cache, greedy
+    sampling, the repeats and the model's shape."""
+    return {"working_context": ctx.working_context, "trigger": ctx.trigger,
+            "max_steps": ctx.max_steps, "max_summaries": ctx.max_summaries,
+            "max_action_tokens": ctx.max_action_tokens,
+            "max_summary_tokens": ctx.max_summary_tokens, "cache_slots_per_row": max_len,
+            "sampling": "greedy", "repeats": repeats,
+            "model": {"params": mc.num_params, "hidden": mc.hidden_size,
+                      "layers": mc.num_layers, "heads": mc.num_heads,
+                      "kv_heads": mc.num_kv_heads, "mlp": mc.intermediate_size,
+                      "vocab": mc.vocab_size, "dtype": "float32"}}

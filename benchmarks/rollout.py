@@ -148,15 +148,7 @@ def main(argv=None):
                      "measured": f"{speedup['median']:.2f}x", "met": speedup["median"] >= TARGET}],
     }
     config = {"env": ENV, "size": args.size, "rollouts": args.tasks, "rows": args.tasks,
-              "working_context": ctx.working_context, "trigger": ctx.trigger,
-              "max_steps": ctx.max_steps, "max_summaries": ctx.max_summaries,
-              "max_action_tokens": ctx.max_action_tokens,
-              "max_summary_tokens": ctx.max_summary_tokens, "cache_slots_per_row": max_len,
-              "sampling": "greedy", "repeats": repeats,
-              "model": {"params": mc.num_params, "hidden": mc.hidden_size,
-                        "layers": mc.num_layers, "heads": mc.num_heads,
-                        "kv_heads": mc.num_kv_heads, "mlp": mc.intermediate_size,
-                        "vocab": mc.vocab_size, "dtype": "float32"}}
+              **common.rollout_config(ctx, mc, max_len, repeats)}
     print(f"speedup (kept / re-prefill tokens/s): median {results['speedup']['median']:.2f}x "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f}); prefill per generated token: "
           f"{variants['kept']['prefill_per_generated']:.2f} kept vs "

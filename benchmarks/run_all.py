@@ -40,6 +40,7 @@ BENCHMARKS = (
     ("lora", "LoRA adapters vs full training: train-step memory and time, decode", []),
     ("serve", "Serving: the OpenAI endpoint vs the sampler itself, time to first token, "
               "prefix reuse", []),
+    ("harness", "Harness mode: rollouts through the sessions server vs the built-in loop", []),
 )
 # Run only when named in --only (an accelerator's benchmark: on a CPU it measures nothing of
 # interest; capacity: scripted experts, minutes, no timing); their sections are assembled

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.xdist_group("test_benchmarks"), pytest.mark.long]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks")
-NAMES = ("rollout", "rows", "horizon", "train_step", "train_memory", "lora", "serve")
+NAMES = ("rollout", "rows", "horizon", "train_step", "train_memory", "lora", "serve", "harness")
 
 
 def _stats(d):
