@@ -87,6 +87,8 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
     assert jsonl_segments(fmt, str(out), tools, ctx=cfg.context) == [
         s for x in recs for s in x.segments]
     # the task needs summaries: under `full` at the same W the expert solves none
+    before = sorted(p.name for p in rc_dir.iterdir())
+    assert "r.jsonl" in before
     r = subprocess.run("supo-jax rollout --env redcount --set 'env.imports=[\"my_envs.redcount\"]' "
                        "--policy scripted --context full --num 16", shell=True,
                        capture_output=True, text=True, cwd=rc_dir, env=user_shell_env(),
@@ -94,7 +96,7 @@ def test_readme_command_is_the_one_documented_and_rollout_cli_runs_it(rc_dir):
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"^success_rate\s+(\S+)$", r.stdout, re.M).group(1) == "0.0"
     assert re.search(r"^summary_state_share\s+-$", r.stdout, re.M)   # no probe: no figure
-    assert sorted(p.name for p in rc_dir.iterdir()) == ["my_envs", "r.jsonl"]   # no --out
+    assert sorted(p.name for p in rc_dir.iterdir()) == before   # no --out: nothing written
 
 
 def test_knobs_belong_to_their_environment():
