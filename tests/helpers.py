@@ -110,3 +110,13 @@ def same_rollouts(a, b, path="rollouts"):
             same_rollouts(u, v, f"{path}[{i}]")
     else:
         assert a == b, (path, a, b)
+
+
+def wait_while_running(proc, done, timeout: float = 300) -> None:
+    """Poll done() every 50 ms until it holds, `proc` (a Popen) exits, or `timeout` seconds
+    pass; the caller asserts which of them happened."""
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout and proc.poll() is None and not done():
+        time.sleep(0.05)

@@ -104,9 +104,8 @@ def test_kill_9_after_step_1_and_a_rerun_resumes_to_a_straight_runs_metrics(tmp_
     checkpoint and its metrics equal an uninterrupted run's (rollout.reproducible: the rows'
     schedule depends on the tokens alone, not on when the harness's requests arrive)."""
     import signal
-    import time
 
-    from tests.helpers import same_run
+    from tests.helpers import same_run, wait_while_running
 
     def drop_times(rows):
         return [{k: v for k, v in x.items() if not k.endswith("_seconds")} for x in rows]
@@ -119,12 +118,8 @@ def test_kill_9_after_step_1_and_a_rerun_resumes_to_a_straight_runs_metrics(tmp_
     cmd, env = _command(tmp_path, killed, "rollout.reproducible=true")
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    t0 = time.time()
-    while time.time() - t0 < 600 and p.poll() is None:
-        if os.path.isfile(os.path.join(killed, "metrics.jsonl")) and any(
-                x.get("step") == 1 and "loss" in x for x in _metrics(killed)):
-            break
-        time.sleep(0.05)
+    wait_while_running(p, lambda: os.path.isfile(os.path.join(killed, "metrics.jsonl")) and any(
+        x.get("step") == 1 and "loss" in x for x in _metrics(killed)), timeout=600)
     assert p.poll() is None, "the run finished before it could be killed"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()

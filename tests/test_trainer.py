@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from supo_jax.checkpoint import RunCheckpoints
-from tests.helpers import same_run
+from tests.helpers import same_run, wait_while_running
 
 # its module fixtures are built on one worker; its tests are scheduled first
 pytestmark = [pytest.mark.xdist_group("test_trainer"), pytest.mark.long]
@@ -594,12 +594,8 @@ def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(straight_run, tmp_pa
     d = str(tmp_path / "term")
     cmd = _cmd(d, "train.save_every=100")     # no periodic checkpoint before the last step
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    t0 = time.time()
-    while time.time() - t0 < 300 and p.poll() is None:
-        if os.path.isfile(os.path.join(d, "metrics.jsonl")) and any(
-                r.get("step") == 1 and "loss" in r for r in _metrics(d)):
-            break
-        time.sleep(0.05)
+    wait_while_running(p, lambda: os.path.isfile(os.path.join(d, "metrics.jsonl")) and any(
+        r.get("step") == 1 and "loss" in r for r in _metrics(d)))
     assert p.poll() is None, "the run finished before it could be stopped"
     os.kill(p.pid, signal.SIGTERM)
     _, err = p.communicate(timeout=300)
@@ -612,11 +608,8 @@ def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(straight_run, tmp_pa
     assert saved in ck.steps() and saved < 4
     ck.close()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    t0 = time.time()
-    while time.time() - t0 < 300 and p.poll() is None:
-        if any(r.get("step", 0) > saved and "loss" in r for r in _metrics(d)):
-            break
-        time.sleep(0.05)
+    wait_while_running(p, lambda: any(r.get("step", 0) > saved and "loss" in r
+                                      for r in _metrics(d)))
     assert p.poll() is None, "the resumed run finished before it could be killed"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
@@ -695,11 +688,7 @@ def test_partial_rollouts_carry_across_steps_and_resume_to_the_bit(tmp_path):
     ck.close()
     p = subprocess.Popen(_cmd(d, *budget), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=ENV)
-    t0 = time.time()
-    while time.time() - t0 < 300 and p.poll() is None:
-        if os.path.isdir(os.path.join(d, "checkpoints", "1")):
-            break
-        time.sleep(0.05)
+    wait_while_running(p, lambda: os.path.isdir(os.path.join(d, "checkpoints", "1")))
     assert p.poll() is None, "the run finished before it could be killed"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
