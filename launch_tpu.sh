@@ -94,8 +94,20 @@ for s in "${SETS[@]+"${SETS[@]}"}"; do TRAIN+=" --set $(printf '%q' "$s")"; done
 WORKER="W=\$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"
 REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && $WORKER && rm -f logs/$TPU/worker-\$W.exit && (trap '' HUP; SUPO_JAX_MULTIHOST=1 $TRAIN > logs/$TPU/worker-\$W.log 2>&1; echo \$? > logs/$TPU/worker-\$W.exit) > /dev/null 2>&1 < /dev/null &"
 
+pack() {  # this checkout as git sees it: tracked files and untracked ones it does not
+  # ignore (no .venv, caches or runs); a copy outside git: all but .git, runs, venvs, caches
+  if git -C "$HERE" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    git -C "$HERE" ls-files -z --cached --others --exclude-standard \
+      | while IFS= read -r -d '' f; do if [[ -e "$HERE/$f" ]]; then printf '%s\0' "$f"; fi; done \
+      | tar -czf "$TARBALL" -C "$HERE" --null --no-recursion -T -
+  else
+    tar -czf "$TARBALL" -C "$HERE" --exclude .git --exclude runs --exclude '*.egg-info' \
+      --exclude .venv --exclude venv --exclude __pycache__ --exclude .pytest_cache .
+  fi
+}
+
 start() {  # ship this checkout, install it and start the run on every worker
-  run tar -czf "$TARBALL" -C "$HERE" --exclude .git --exclude runs --exclude '*.egg-info' .
+  run pack
   run "${GC[@]}" scp "$TARBALL" "$TPU:~/supo_jax.tar.gz" "${LOC[@]}" --worker=all
   run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command \
     "mkdir -p ~/supo_jax && tar -xzf ~/supo_jax.tar.gz -C ~/supo_jax && cd ~/supo_jax && pip install -q -e \".[tpu]\""

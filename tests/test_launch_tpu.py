@@ -1,6 +1,7 @@
 """launch_tpu.sh --dry-run prints the whole launch without running it."""
 import os
 import subprocess
+import tarfile
 
 import pytest
 
@@ -73,6 +74,11 @@ def _launch(tmp_path, mode, run_exit=0):
                             "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", "3",
                             "--set", "train.run_dir=gs://bucket/run"],
                            capture_output=True, text=True, timeout=300, env=env)
+        # what ships is the checkout as git sees it: the package, no caches or venvs
+        with tarfile.open(f"/tmp/supo_jax_{tpu}.tar.gz") as tar:
+            names = tar.getnames()
+        assert "supo_jax/__init__.py" in names and "launch_tpu.sh" in names
+        assert not [n for n in names if "__pycache__" in n or ".venv" in n or n.startswith(".git/")]
     finally:
         if os.path.exists(f"/tmp/supo_jax_{tpu}.tar.gz"):
             os.remove(f"/tmp/supo_jax_{tpu}.tar.gz")
