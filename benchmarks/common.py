@@ -31,6 +31,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+COMPILE_S = [0.0]    # seconds spent tracing, lowering and compiling, once count_compiles ran
+_COUNTING = []
+
+
+def count_compiles() -> None:
+    """From now on, add the seconds jax spends compiling (jax.monitoring) to COMPILE_S[0]."""
+    import jax
+
+    def add(event, seconds, **_):
+        if event.startswith("/jax/core/compile/"):
+            COMPILE_S[0] += seconds
+    if not _COUNTING:
+        jax.monitoring.register_event_duration_secs_listener(add)
+        _COUNTING.append(add)
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -26,8 +26,10 @@ an error observation) and summaries up to max_steps / max_summaries: the harness
 per-turn cost (HTTP, JSON, history checks, thread hand-offs) is paid on every turn.
 
 One measurement = one whole run_rollouts call (a fresh PolicyActor each, same seed); the
-first run of each way compiles and is reported apart; then --repeats rounds alternate the
-two ways. rollouts/s = rollouts / seconds; generated tokens/s = sampled tokens (actions
+first --warmup runs of each way compile and are reported apart (the batches a harness's
+requests form depend on when they arrive, so they can take shapes the first run did not);
+then --repeats rounds alternate the two ways, each run's seconds without the seconds jax
+spent compiling in it (reported: a shape no warm-up run took). rollouts/s = rollouts / seconds; generated tokens/s = sampled tokens (actions
 and summaries) / seconds; the ratio (harness / builtin generated tokens/s) is taken per
 round, median reported (target >= 0.7x on CPU).
 
@@ -85,9 +87,11 @@ def main(argv=None):
     ap.add_argument("--max-summaries", type=int, default=2)
     ap.add_argument("--max-action-tokens", type=int, default=24)
     ap.add_argument("--max-summary-tokens", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed runs of each way first (compiling the shapes its batches take)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.sessions, args.max_steps, args.max_summaries = 2, 3, 1
+        args.sessions, args.max_steps, args.max_summaries, args.warmup = 2, 3, 1, 1
     repeats = args.repeats or (1 if args.smoke else 3)
     run = common.Run("harness", args, argv)
 
@@ -123,15 +127,19 @@ def main(argv=None):
     def once(way):
         actor = PolicyActor(policy, fmt, rows=n, max_len=max_len,
                             sampling=SamplingParams(temperature=0.0), seed=0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), common.COMPILE_S[0]
         ro = run_rollouts(actor, makers[way], tasks, fmt, ctx, rows=n)
-        dt = time.perf_counter() - t0
+        compiling = common.COMPILE_S[0] - c0    # a batch of a new shape: reported apart
+        dt = time.perf_counter() - t0 - compiling
         gen = sum(r.counters["generated_tokens"] for r in ro)
-        return {"s": dt, "generated": gen, "rollouts": ro}
+        return {"s": dt, "generated": gen, "rollouts": ro, "compile_s": compiling,
+                "raw_s": dt + compiling}
 
     ways = ("builtin", "harness")
     try:
+        common.count_compiles()
         first = {w: once(w) for w in ways}
+        warm = {w: [once(w) for _ in range(args.warmup - 1)] for w in ways}
         timed = {w: [] for w in ways}
         for i in range(repeats):
             for w in ways:
@@ -139,7 +147,7 @@ def main(argv=None):
                 timed[w].append(r)
                 print(f"round {i + 1}: {w:8s} {r['s']:.2f} s, {n} rollouts, {r['generated']} "
                       f"tokens -> {n / r['s']:.2f} rollouts/s, {r['generated'] / r['s']:.1f} "
-                      "tokens/s", flush=True)
+                      f"tokens/s ({r['compile_s']:.2f} s compiling)", flush=True)
         left_open = len(sessions)
     finally:
         sessions.shutdown()
@@ -151,7 +159,9 @@ def main(argv=None):
     rows_same = sum(a == b for a, b in zip(_tokens(first["harness"]["rollouts"]), ref))
     variants = {}
     for w, rs in timed.items():
-        variants[w] = {"first_run_s": first[w]["s"],
+        variants[w] = {"first_run_s": first[w]["raw_s"],
+                       "warmup_runs_s": [r["raw_s"] for r in warm[w]],
+                       "compile_s_timed": [r["compile_s"] for r in rs],
                        "seconds": common.stats(r["s"] for r in rs),
                        "rollouts_per_s": common.stats(n / r["s"] for r in rs),
                        "tokens_per_s": common.stats(r["generated"] / r["s"] for r in rs),
@@ -200,9 +210,11 @@ def limits(res: dict) -> str:
         return ""
     return (f"- **harness**: {x:.2f}x of the built-in loop's tokens/s, {TARGET - x:.2f} short of "
             f"{TARGET:g}x: every turn of a harness rollout is an HTTP request carrying the whole "
-            "history (JSON, the history check, two thread hand-offs), paid per turn on the "
-            "same cores that decode; with the tiny policy a turn's decode is cheap, so that "
-            "cost weighs most here.\n")
+            "history, and the Python work of the 32 sessions' turns (the openai SDK building "
+            "each request from its typed parameters; the server's parsing and "
+            "history check; the thread hand-offs) runs one turn at a time under the GIL, "
+            "between two decode calls, on the cores that decode; with the tiny policy a "
+            "decode call is cheap, so that work weighs most here.\n")
 
 
 def markdown(res: dict) -> str:
@@ -225,7 +237,8 @@ task) in {c['rows']} rows; supo context W = {c['working_context']} (L = {c['trig
 {', '.join(sh['reasons'])}). **builtin**: the built-in environment; **harness**: each rollout a
 session of an in-process sessions server, played over HTTP by docs/HARNESS.md's episode function
 (a reply without a call answered with the environment's own error observation). Median (min-max) of {x['n']} alternating
-rounds after one compiling run each.
+rounds after {1 + len(h['warmup_runs_s'])} untimed runs each; seconds compiling in the timed runs (excluded):
+builtin {sum(b['compile_s_timed']):.2f}, harness {sum(h['compile_s_timed']):.2f}.
 
 | way | first run (s) | run (s) | rollouts/s | generated tokens/s | generated tokens |
 |---|---|---|---|---|---|

@@ -44,16 +44,6 @@ import time
 import common
 
 WARM = 1
-COMPILE_S = [0.0]    # seconds spent tracing, lowering and compiling (jax.monitoring)
-
-
-def _count_compiles() -> None:
-    import jax
-
-    def add(event, seconds, **_):
-        if event.startswith("/jax/core/compile/"):
-            COMPILE_S[0] += seconds
-    jax.monitoring.register_event_duration_secs_listener(add)
 
 
 def _tail_env(latency: float, max_turns: int):
@@ -114,7 +104,7 @@ def main(argv=None):
     from supo_jax.agent.rollout import PolicyActor, Suspended, rollout_phase, run_rollouts
     from supo_jax.sampling.sampler import SamplingParams
 
-    _count_compiles()
+    common.count_compiles()
     policy, _ = common.tiny_policy(args.hidden, args.layers, smoke=args.smoke)
     fmt = ChatFormat(policy.tokenizer)
     W = 512 + args.max_turns * (args.action_tokens + 64)
@@ -129,10 +119,10 @@ def main(argv=None):
         actor = PolicyActor(policy, fmt, rows=args.rows, max_len=ctx.row_bound(fmt),
                             sampling=SamplingParams(1.0), seed=0)
         actor.sampler.decode_chunk = args.decode_chunk
-        t0, c0 = time.perf_counter(), COMPILE_S[0]
+        t0, c0 = time.perf_counter(), common.COMPILE_S[0]
         ro = run_rollouts(actor, _tail_env(latency, args.max_turns), tasks, fmt, ctx,
                           rows=args.rows, rounds=rounds)
-        compiling = COMPILE_S[0] - c0
+        compiling = common.COMPILE_S[0] - c0
         dt = time.perf_counter() - t0 - compiling
         s = actor.sampler
         return {"s": dt, "trained_tokens": sum(r.counters["generated_tokens"] for r in ro
@@ -189,11 +179,11 @@ def main(argv=None):
             actor = PolicyActor(policy, fmt, rows=args.rows, max_len=ctx.row_bound(fmt),
                                 sampling=SamplingParams(1.0), seed=k)
             actor.sampler.decode_chunk = args.decode_chunk
-            t0, c0 = time.perf_counter(), COMPILE_S[0]
+            t0, c0 = time.perf_counter(), common.COMPILE_S[0]
             done, items, st = rollout_phase(actor, _tail_env(latency, args.max_turns), items,
                                             fmt, ctx, group_size=1, rows=args.rows,
                                             budget_tokens=budget, version=k, envs=envs)
-            compiling = COMPILE_S[0] - c0
+            compiling = common.COMPILE_S[0] - c0
             out["s"] += time.perf_counter() - t0 - compiling
             out["compile_s"] += compiling
             out["trained_tokens"] += sum(r.counters["generated_tokens"] for r in done.values()

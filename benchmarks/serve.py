@@ -46,18 +46,8 @@ import common
 
 TARGET, TARGET_CLIENTS = 0.8, 32
 DECODE_CHUNK = 16
-COMPILE_S = [0.0]    # seconds spent tracing, lowering and compiling (jax.monitoring)
 WORDS = ("the river map stone quick answer light table seven orange garden north tool "
          "window paper simple number blue market under water field report travel").split()
-
-
-def _count_compiles() -> None:
-    import jax
-
-    def add(event, seconds, **_):
-        if event.startswith("/jax/core/compile/"):
-            COMPILE_S[0] += seconds
-    jax.monitoring.register_event_duration_secs_listener(add)
 
 
 def _text_ids(fmt, rs: random.Random, n: int) -> list[int]:
@@ -77,11 +67,11 @@ class Timed:
     """A block's wall seconds less the seconds jax spent compiling within it."""
 
     def __enter__(self):
-        self.c0, self.t0 = COMPILE_S[0], time.perf_counter()
+        self.c0, self.t0 = common.COMPILE_S[0], time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        self.compile_s = COMPILE_S[0] - self.c0
+        self.compile_s = common.COMPILE_S[0] - self.c0
         self.seconds = time.perf_counter() - self.t0 - self.compile_s
 
 
@@ -148,10 +138,10 @@ class Clients:
     def run(self, url: str, prompts, clients: int, new: int) -> dict:
         """`_clients`' figures; the seconds jax compiled in this process (the server's)
         meanwhile are subtracted from the clients' wall seconds."""
-        c0 = COMPILE_S[0]
+        c0 = common.COMPILE_S[0]
         self.conn.send((url, prompts, clients, new))
         out = self.conn.recv()
-        out["compile_s"] = COMPILE_S[0] - c0
+        out["compile_s"] = common.COMPILE_S[0] - c0
         out["seconds"] -= out["compile_s"]
         return out
 
@@ -245,7 +235,7 @@ def main(argv=None):
     repeats = args.repeats or (1 if args.smoke else 3)
     clients = [int(c) for c in args.clients.split(",")]
     run = common.Run("serve", args, argv)
-    _count_compiles()
+    common.count_compiles()
 
     from supo_jax.agent.render import ChatFormat
     from supo_jax.sampling.sampler import Sampler, bucket

@@ -305,6 +305,7 @@ def _cmd_rollout(args) -> None:
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
               *own.get(cfg.context.manager, ()), "working_context_mean", "working_context_max",
               "effective_context_mean", "summary_state_share", "reasons",
+              *(k for k in s if k.startswith("harness_")),
               *(("expert_success_rate",) if "expert_success_rate" in s else ())):
         v = s[k]
         print(f"{k:24s} {'-' if isinstance(v, float) and math.isnan(v) else v}")

@@ -12,7 +12,7 @@ import pytest
 
 from supo_jax.agent.context import ContextConfig
 from supo_jax.agent.render import ChatFormat
-from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+from supo_jax.agent.rollout import ScriptedActor, run_rollouts, summarize
 from supo_jax.envs.base import make_env, make_tasks
 from supo_jax.envs.fncall import expert_for
 from supo_jax.model.tiny import tiny_tokenizer
@@ -93,11 +93,21 @@ def test_harness_rollouts_are_the_builtin_loops(fmt, served, cfg):
         assert all(len(r.segments) == r.counters["summaries"] + 1 for r in harness)
     else:   # full at this W: the server ends rollouts at the context limit
         assert any(r.reason == "context_limit" for r in harness)
-    for r in harness:
+    for r in harness:   # the session's counters, whatever the rollout's end
+        assert r.env_info["retemplated"] == r.env_info["rewritten"] == 0
+        assert r.env_info["sampling_ignored"] == 0
         if r.reason == "answer":
-            assert r.env_info["retemplated"] == 0 and r.env_info["sampling_ignored"] == 0
             # a request a step; a summary is a step too (docs/SUPO.md §2), made between two
             assert r.env_info["requests"] == r.counters["steps"] - r.counters["summaries"]
+    stats = summarize(harness)   # the step's telemetry
+    assert stats["harness_requests"] == sum(r.env_info["requests"] for r in harness) > 0
+    assert stats["harness_retemplated"] == stats["harness_rewritten"] == 0
+    assert "harness_requests" not in summarize(builtin)
+    if cfg.manager == "supo":   # each reset: from near W down to s1 + the summary
+        segs = [s for r in harness for s in r.segments]
+        assert stats["reset_context_before_mean"] > max(len(s) for s in segs) / 2
+        assert stats["reset_context_before_mean"] <= cfg.working_context
+        assert 0 < stats["reset_context_after_mean"] < stats["reset_context_before_mean"]
     assert len(sessions) == 0    # every session closed (those the server ended too)
 
 
@@ -168,6 +178,8 @@ def test_a_rewriting_harness_gets_409_and_fails_its_rollout(fmt, served):
         # three answers sent; the step of the third failed on the fourth request (not counted)
         assert sum(m["role"] == "assistant" for m in r.transcript) == 3
         assert r.counters["steps"] == 2
+        assert r.env_info["rewritten"] == 1 and r.env_info["requests"] == 3
+    assert summarize(rollouts)["harness_rewritten"] == len(rollouts)
     deadline = time.monotonic() + 10   # the answers reach the harnesses' threads by now
     while len(seen) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -89,6 +89,8 @@ def test_the_docs_command_trains_two_supo_steps_through_the_harness(tmp_path):
     assert [x["step"] for x in rows] == [1, 2]
     assert all(math.isfinite(x["loss"]) for x in rows)
     assert all(x["env_error_rate"] == 0 for x in rows)
+    # the step's harness telemetry: every rollout a session, none re-templated or rewritten
+    assert all(x["harness_requests"] > 0 and x["harness_rewritten"] == 0 for x in rows)
     # the server asked the policy for summaries: in training (at temperature 1 the untrained
     # policy's summaries run to their token budget: summary_cut) and in the greedy
     # evaluations (sessions of the harness too), where they are made

@@ -7,6 +7,7 @@ import pytest
 
 from supo_jax.agent.context import ContextConfig as _ContextConfig
 from supo_jax.agent.render import ChatFormat
+from supo_jax.agent import rollout as rollout_mod
 from supo_jax.agent.rollout import (PolicyActor, Rollout, ScriptedActor, Suspended, rollout_phase,
                                     run_rollouts, summarize)
 from supo_jax.envs.base import Environment, Reset, StepResult, ToolSpec, make_env, make_tasks
@@ -433,6 +434,33 @@ def test_independent_rows_give_the_turn_synchronous_rollouts(fmt, name):
     assert out[True] == out[False]
     assert sum(r["counters"]["summaries"] for r in out[True]) >= 2
     assert calls[False] > calls[True]
+
+
+class _SlowCounted(_Counted):
+    """A scripted actor whose every call takes 60 ms, as a decode call does."""
+
+    def act(self, requests):
+        time.sleep(0.06)
+        return super().act(requests)
+
+
+def test_calls_back_within_a_decode_calls_time_join_one_decode_call(fmt, monkeypatch):
+    """With nothing decoding, the model waits for the other environment calls up to GATHER
+    decode calls' time after the first one is back: tools answering in 0-20 ms (a harness's
+    HTTP turn) rejoin as one batch, as the turn-synchronous rounds do, instead of one call
+    each; with GATHER = 0 they take more actor calls."""
+    name = "fncall/tallest"
+    cfg = ContextConfig("supo", 1350, max_steps=8, max_summaries=2, max_summary_tokens=200)
+    tasks = make_tasks(name, "train", 6, seed=4, size=6)
+    calls = {}
+    for way, gather in (("rounds", None), ("gather", rollout_mod.GATHER), ("none", 0.0)):
+        if gather is not None:
+            monkeypatch.setattr(rollout_mod, "GATHER", gather)
+        actor = _SlowCounted(expert_for(name), fmt)
+        run_rollouts(actor, _jittery(name, 1), tasks, fmt, cfg, rows=6,
+                     rounds=way == "rounds")
+        calls[way] = actor.calls
+    assert calls["gather"] <= calls["rounds"] + 1 < calls["none"], calls
 
 
 @pytest.mark.slow

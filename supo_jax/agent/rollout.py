@@ -463,6 +463,7 @@ class OneProcess:
 
 
 GRACE = 0.05   # of a decode call's time, waited for the tool calls made at its end
+GATHER = 1.0   # decode calls' time the idle model waits for more calls after the first
 
 
 def _release(env) -> None:
@@ -517,6 +518,7 @@ class _Driver:
         self.generated = 0                         # tokens of the generations that ended
         self.suspended: list[Suspended] | None = None   # set by the cut
         self.internal: dict[int, list] = {}     # slot -> the outcome of a fold tool call
+        self.decode_s = 0.0                     # the last decode call's seconds
 
     def running(self) -> bool:
         return self.suspended is None and bool(self.queue or self.active or self.starting)
@@ -537,6 +539,9 @@ class _Driver:
 
     def close(self, row: _Row) -> None:
         st = row.state
+        telemetry = getattr(row.env, "telemetry", None)   # an environment's counters (a
+        if callable(telemetry):                               # harness session's), whatever
+            row.env_info = {**row.env_info, **telemetry()}    # the end
         self.results[(row.group_id, row.sample)] = Rollout(
             task_id=str(row.task.get("task_id", row.group_id)), group_id=row.group_id,
             sample=row.sample, segments=list(st.segments), dropped=list(st.dropped),
@@ -685,6 +690,12 @@ class _Driver:
             until = (max if self.rounds else min)(d for _, _, d in self.calls.values())
             cf.wait(futs, timeout=max(0.0, until - time.monotonic()),
                     return_when=cf.ALL_COMPLETED if self.rounds else cf.FIRST_COMPLETED)
+            if not self.rounds and not all(f.done() for f in futs):
+                # the model waits for the calls anyway: the others that come back within
+                # GATHER decode calls' time join the same decode call, not a later one each
+                cf.wait(futs, timeout=min(GATHER * self.decode_s,
+                                          max(0.0, max(d for _, _, d in self.calls.values())
+                                              - time.monotonic())))
         mine, now = {}, time.monotonic()
         for slot, (kind, f, deadline) in list(self.calls.items()):
             if f.done():
@@ -821,13 +832,18 @@ class _Driver:
         if spent and not (self.generating or self.ended or self.starting):
             self.cut()
             return
+        t_model = time.perf_counter()
         if not spent:
             self.start_rows()
             if self.rounds and self.starting:
                 self.apply(self.peers.merge(self.collect(wait=True)))
+            t_model = time.perf_counter()
             self.submit_ready()
         t0, made = time.perf_counter(), len(self.calls)
+        decoding = self.actor.busy() or self.summarizer.busy()
         self.advance()
+        if decoding:   # the model's time at this boundary: prefills (submit) and decoding
+            self.decode_s = time.perf_counter() - t_model
         busy = self.actor.busy() or self.summarizer.busy()   # the same on every process
         if self.reproducible and self.calls:
             # every call answers by the next boundary: the schedule depends on the tokens only
@@ -923,6 +939,16 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def _harness_telemetry(rollouts: Sequence[Rollout]) -> dict:
+    """Harness sessions' counters summed over the rollouts that have them (harness mode:
+    supo_jax.serve.harness.HarnessEnv.telemetry); {} when none has."""
+    infos = [r.env_info for r in rollouts if "requests" in (r.env_info or {})]
+    if not infos:
+        return {}
+    return {f"harness_{k}": sum(i.get(k, 0) for i in infos)
+            for k in ("requests", "retemplated", "rewritten", "sampling_ignored")}
+
+
 def summarize(rollouts: Sequence[Rollout]) -> dict:
     """Aggregate metrics of docs/SUPO.md §7 over a batch of rollouts."""
     n = max(1, len(rollouts))
@@ -952,6 +978,12 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "summary_cut_rate": sum(r.reason == "summary_cut" for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
         "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
+        # a reset (a summary, or any new segment): the working context's tokens at its end
+        # (the summary included) and the next segment's before its first generated token
+        "reset_context_before_mean": _mean([len(s) for r in rollouts for s in r.segments[:-1]]),
+        "reset_context_after_mean": _mean([s.mask.index(1) if 1 in s.mask else len(s)
+                                           for r in rollouts for s in r.segments[1:]]),
+        **_harness_telemetry(rollouts),
         "reasons": {k: sum(r.reason == k for r in rollouts) for k in REASONS
                     if any(r.reason == k for r in rollouts)},
     }

@@ -67,6 +67,28 @@ def _sampling_set(req) -> bool:
             or s.seed is not None)
 
 
+_HTTP = None
+_HTTP_LOCK = threading.Lock()
+
+
+def _shared_http():
+    """The process's HTTP client for in-process harnesses' sessions (built once): one
+    connection pool, no limit on connections (a session each), TCP_NODELAY (the client
+    writes a request's headers and body apart: with Nagle's algorithm the body waits for
+    the server's delayed ACK, 40 ms a request on Linux)."""
+    global _HTTP
+    with _HTTP_LOCK:
+        if _HTTP is None:
+            import socket
+
+            import httpx2
+            import openai
+            _HTTP = openai.DefaultHttpxClient(transport=httpx2.HTTPTransport(
+                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=None),
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
+        return _HTTP
+
+
 class HarnessEnv(Environment):
     """One rollout of `harness` through a session of `sessions`, served at `url` (the
     server's root, e.g. app.Running(...).url); `harness` None: a harness process claims the
@@ -82,7 +104,7 @@ class HarnessEnv(Environment):
         self.timeout_s, self.request_timeout_s = timeout_s, request_timeout_s
         self.session: Session | None = None
         self.tools: tuple[ToolSpec, ...] = ()
-        self.requests = self.sampling_ignored = 0
+        self.requests = self.sampling_ignored = self.rewritten = 0
         self.retemplated: set[int] = set()
 
     # the harness's thread
@@ -90,14 +112,15 @@ class HarnessEnv(Environment):
     def _play(self, task: dict, s: Session) -> None:
         import openai
 
+        # the sessions' clients share one connection pool (an HTTP client of its own costs
+        # each session ~20 ms of CPU to build); closing a client leaves the pool open
         client = openai.OpenAI(base_url=f"{self.url}/sessions/{s.id}/v1", api_key="harness",
-                               max_retries=0, timeout=self.request_timeout_s)
+                               max_retries=0, timeout=self.request_timeout_s,
+                               http_client=_shared_http())
         try:
             s.finished("returned", self.harness(task, client, s.model))
         except BaseException as e:  # noqa: BLE001 - reported to the rollout, not raised here
             s.finished("raised", e)
-        finally:
-            client.close()
 
     # the driver's calls (in its pool's threads)
 
@@ -150,7 +173,7 @@ class HarnessEnv(Environment):
     def telemetry(self) -> dict:
         """Counters of the session (the rollout's env_info when it ends)."""
         return {"requests": self.requests, "retemplated": len(self.retemplated),
-                "sampling_ignored": self.sampling_ignored}
+                "rewritten": self.rewritten, "sampling_ignored": self.sampling_ignored}
 
     # helpers
 
@@ -200,6 +223,7 @@ class HarnessEnv(Environment):
     def _fail(self, error: ApiError, reason: str = "env_error") -> HarnessFailed:
         """End the session with `error` (the harness's request in flight gets it) and name
         the rollout's failure."""
+        self.rewritten += error.code == "history_rewritten"
         self.sessions.close(self.session, error)
         return HarnessFailed(f"harness session: {error.message}", reason)
 
