@@ -150,8 +150,13 @@ def test_a_bad_reward_gets_a_400_and_fails_only_its_rollout(fmt, served):
         assert r.reason == "env_error" and r.reward == 0.0
         assert "the reward must be a finite number" in r.transcript[-1]["content"]
     assert rollouts[2].reason == "answer" and rollouts[2].reward == 1.0
-    status, body = http(f"{url}/sessions/{'0' * 32}/reward", {"reward": 1.0})
-    assert (status, body["error"]["code"]) == (404, "session_not_found")
+    for sid, want in ((sessions.instance + "0" * 24, (404, "session_not_found")),
+                      ("z" * 32, (404, "session_not_found")),
+                      # a session of an earlier run of the server (killed, started again)
+                      (("1" if sessions.instance[0] == "0" else "0") * 32,
+                       (503, "session_lost"))):
+        status, body = http(f"{url}/sessions/{sid}/reward", {"reward": 1.0})
+        assert (status, body["error"]["code"]) == want
     assert len(sessions) == 0
 
 
@@ -172,26 +177,62 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow   # ~20 s: a tiny run in a subprocess, its harness in another
-def test_a_harness_process_trains_a_step(tmp_path, script):
-    """`supo-jax train --set env.harness=http` with the docs' script as the harness: one step
-    of the tiny run (fncall/pages) through the script's sessions, with a finite loss."""
-    port = _free_port()
-    run_dir = tmp_path / "run"
+def _train(run_dir, port, *extra):
+    """`supo-jax train` of the tiny run (fncall/pages), its harness out of process."""
     cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config",
            os.path.join(ROOT, "experiments", "configs", "tiny_test.py")]
     for s in ["env.harness=http", f"env.harness_port={port}", f"train.run_dir={run_dir}",
-              "train.steps=1", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05",
-              "train.eval_every=0", "env.eval_tasks=1"]:
+              "train.steps=2", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05",
+              "train.eval_every=0", "env.eval_tasks=1", "rollout.reproducible=true", *extra]:
         cmd += ["--set", s]
+    return cmd
+
+
+def _metrics(run_dir):
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+@pytest.mark.slow   # ~50 s: three tiny runs in subprocesses, their harness in another
+def test_a_harness_process_trains_through_a_kill_9_of_the_run(tmp_path, script):
+    """`supo-jax train --set env.harness=http` with the docs' script as the harness, which
+    outlives the runs: 2 steps of the tiny run (fncall/pages) through its sessions; a second
+    run killed (kill -9) in its second step and started again on the same port resumes, the
+    script drops the episodes the kill voided (connection errors, 503 session_lost) and
+    claims the new sessions, and the metrics equal the uninterrupted run's."""
+    import signal
+
+    from tests.helpers import same_run, wait_while_running
+
+    port = _free_port()
     p = harness_process(script, f"http://127.0.0.1:{port}")
     try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        straight = tmp_path / "straight"
+        r = subprocess.run(_train(straight, port), cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"harness sessions: http://127.0.0.1:{port}/sessions/next" in r.stdout
+        rows = [x for x in _metrics(straight) if "loss" in x]
+        assert [x["step"] for x in rows] == [1, 2]
+        assert all(math.isfinite(x["loss"]) and x["env_error_rate"] == 0 for x in rows)
+        assert all(x["harness_requests"] > 0 for x in rows)
+
+        killed = tmp_path / "killed"
+        run = subprocess.Popen(_train(killed, port), cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        wait_while_running(run, lambda: (killed / "metrics.jsonl").is_file() and any(
+            x.get("step") == 1 and "loss" in x for x in _metrics(killed)), timeout=600)
+        assert run.poll() is None, "the run finished before it could be killed"
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        r = subprocess.run(_train(killed, port), cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "resumed from" in r.stdout
+        assert p.poll() is None, "the harness process died with the run"
     finally:
         stop(p)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"harness sessions: http://127.0.0.1:{port}/sessions/next" in r.stdout
-    with open(run_dir / "metrics.jsonl") as f:
-        rows = [x for x in map(json.loads, f) if "loss" in x]
-    assert [x["step"] for x in rows] == [1]
-    assert math.isfinite(rows[0]["loss"]) and rows[0]["env_error_rate"] == 0
+
+    def drop_times(rows):
+        return [{k: v for k, v in x.items() if not k.endswith("_seconds")} for x in rows]
+    same_run(drop_times(_metrics(killed)), drop_times(_metrics(straight)))

@@ -216,12 +216,15 @@ class Session:
 
 class Sessions:
     """The open sessions of a server, by id (a random, unguessable id: it is the session's
-    only credential). Thread-safe."""
+    only credential; its first 8 hex digits name this Sessions, the server's run, so that a
+    session of an earlier run, killed and started again, is told apart: `lost`).
+    Thread-safe."""
 
     GONE = 4096   # ended sessions whose end is remembered (a later request gets its error)
 
     def __init__(self, model: str = "policy"):
         self.model = model
+        self.instance = uuid.uuid4().hex[:8]
         self._open: dict[str, Session] = {}
         self._gone: collections.OrderedDict[str, ApiError] = collections.OrderedDict()
         self._offers: collections.deque[Session] = collections.deque()   # not claimed yet
@@ -230,7 +233,7 @@ class Sessions:
         self._lock = threading.Lock()
 
     def open(self) -> Session:
-        s = Session(uuid.uuid4().hex, self.model)
+        s = Session(self.instance + uuid.uuid4().hex[:24], self.model)
         with self._lock:
             self._open[s.id] = s
         return s
@@ -243,6 +246,12 @@ class Sessions:
         """The error that ended session `sid` (None: unknown, or ended long ago)."""
         with self._lock:
             return self._gone.get(sid)
+
+    def lost(self, sid: str) -> bool:
+        """Whether `sid` is a session id of another run of the server (one killed and
+        started again): its rollout is redone by this run, under a new session."""
+        return (len(sid) == 32 and not sid.startswith(self.instance)
+                and all(c in "0123456789abcdef" for c in sid))
 
     def close(self, s: Session, error: ApiError) -> ApiError:
         """End `s` with `error` (see Session.end; the error that stands is returned); later
@@ -313,6 +322,12 @@ def _session(sessions: Sessions, request) -> Session:
     sid = request.path_params["sid"]
     s = sessions.get(sid)
     if s is None:
+        if sessions.lost(sid):
+            raise ApiError(
+                "this session belongs to an earlier run of the server, which restarted (a "
+                "resumed run redoes the rollouts it had in flight): the episode is void; "
+                "claim the next session at /sessions/next", None, status=503,
+                kind="server_error", code="session_lost", headers=dict(NO_RETRY))
         raise sessions.gone(sid) or session_error(f"unknown session {sid[:64]!r}", 404,
                                                   "session_not_found")
     return s
