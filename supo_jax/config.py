@@ -399,18 +399,11 @@ def load_harness(env: EnvSection):
     return fn
 
 
-# the context managers harness mode runs: the others' own tools (fold's) or context edits are
-# not checked against a harness yet
-HARNESS_MANAGERS = ("supo", "full")
-
-
 def _check_harness(cfg: Config) -> None:
-    """Harness mode's settings (env.harness set): a harness that imports, a manager it runs, no
-    partial rollouts (a harness's episode cannot be suspended across steps and replayed)."""
+    """Harness mode's settings (env.harness set): a harness that imports, no partial rollouts
+    (a harness's episode cannot be suspended across steps and replayed). Every context
+    manager runs: its edits and its own tools (fold's) are the driver's, on the server."""
     load_harness(cfg.env)
-    if cfg.context.manager not in HARNESS_MANAGERS:
-        raise ConfigError(f"env.harness with context.manager={cfg.context.manager!r}: harness "
-                          f"mode runs {' and '.join(HARNESS_MANAGERS)} only")
     if cfg.rollout.budget_tokens:
         raise ConfigError(f"env.harness with rollout.budget_tokens={cfg.rollout.budget_tokens}: "
                           "a harness's episode cannot be suspended and replayed in a later step; "

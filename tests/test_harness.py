@@ -80,6 +80,32 @@ def test_doc_blocks_run_as_written(fmt):
     assert len(ns["sessions"]) == 0
 
 
+@pytest.mark.parametrize("manager, kw, counter", [
+    ("state", dict(max_action_tokens=400, max_state_tokens=256), "states"),
+    ("clear", dict(max_state_tokens=256), "cleared"),
+    ("fold", {}, "folds"),
+])
+def test_every_context_manager_runs_on_the_server(fmt, served, manager, kw, counter):
+    """The other managers' context edits (a state block, cleared tool results) and their own
+    tools (fold's branch and return, answered by the driver: the harness never sees them)
+    are the server's: the docs' harness gives the built-in loop's rollouts, token for token,
+    with the manager at work in them."""
+    from supo_jax.envs.experts import for_context
+
+    sessions, url = served
+    cfg = ContextConfig(manager, 1350 if manager == "state" else 2000, max_steps=200, **kw)
+    tasks = make_tasks(ENV, "train", 2, seed=0, size=12 if manager == "state" else 20)
+
+    def run(make):
+        return run_rollouts(ScriptedActor(for_context(expert_for(ENV), cfg), fmt), make, tasks,
+                            fmt, cfg, group_size=2, rows=4)
+
+    builtin, harness = run(lambda: make_env(ENV)), run(harness_envs(doc_episode(), sessions, url))
+    assert [_comparable(r) for r in harness] == [_comparable(r) for r in builtin]
+    assert all(r.counters[counter] > 0 and len(r.segments) > 1 for r in harness)
+    assert all(r.env_info["requests"] > 0 and r.env_info["rewritten"] == 0 for r in harness)
+
+
 @pytest.mark.parametrize("cfg", [SUPO, FULL], ids=["supo", "full"])
 def test_harness_rollouts_are_the_builtin_loops(fmt, served, cfg):
     sessions, url = served

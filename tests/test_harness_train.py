@@ -30,8 +30,6 @@ SETS = ["train.steps=2", "advantage.masked_reasons=[]", "loss.entropy_coef=0.05"
     (["env.harness=no_colon"], '"module:function" expected'),
     (["env.harness=no_such_module_xyz:episode"], "env.harness: cannot import"),
     (["env.harness=json:no_such_function"], "has no function 'no_such_function'"),
-    (["env.harness=json:dumps", "context.manager=window"],
-     "context.manager='window': harness mode runs supo and full only"),
     (["env.harness=json:dumps", "rollout.budget_tokens=100",
       "optim.recompute_old_logprobs=true", "loss.behaviour_correction=tis"],
      "rollout.budget_tokens=100: a harness's episode cannot be suspended"),
