@@ -80,6 +80,15 @@ TOPOLOGIES: dict[str, tuple[str, str, tuple[int, int, int]]] = {
     "v6e-64": ("v6e:8x8", "default", (2, 2, 1)),
     "v6e-128": ("v6e:8x16", "default", (2, 2, 1)),
     "v6e-256": ("v6e:16x16", "default", (2, 2, 1)),
+    # Ironwood: the name counts TensorCores (two a chip, each a JAX device), four chips a host
+    # (Google's XPK, src/xpk/core/system_characteristics.py: tpu7x-{chips x 2})
+    "tpu7x-8": ("tpu7x:2x2x1", "default", (2, 2, 1)),
+    "tpu7x-16": ("tpu7x:2x2x2", "default", (2, 2, 1)),
+    "tpu7x-32": ("tpu7x:2x2x4", "default", (2, 2, 1)),
+    "tpu7x-64": ("tpu7x:2x4x4", "default", (2, 2, 1)),
+    "tpu7x-128": ("tpu7x:4x4x4", "default", (2, 2, 1)),
+    "tpu7x-256": ("tpu7x:4x4x8", "default", (2, 2, 1)),
+    "tpu7x-512": ("tpu7x:4x8x8", "default", (2, 2, 1)),
 }
 
 # generation -> per chip: HBM bytes, peak dense FLOP/s by matmul input dtype, HBM bytes/s, and
@@ -104,7 +113,26 @@ CHIPS: dict[str, dict] = {
             "peak_flops": {"bfloat16": 918e12, "int8": 1836e12},
             "hbm_bandwidth": 1.638e12, "ici_bandwidth": 800e9,
             "source": "https://cloud.google.com/tpu/docs/v6e"},
+    # two TensorCores a chip, which JAX sees as two devices: the figures are the chip's, and
+    # a device has half of each (device_figures)
+    "tpu7x": {"torus_dims": 3, "hbm_bytes": 192 * GiB, "cores_per_chip": 2,
+              "peak_flops": {"bfloat16": 2307e12, "float8_e4m3fn": 4614e12},
+              "hbm_bandwidth": 7.38e12, "ici_bandwidth": 1200e9,
+              "source": "https://docs.cloud.google.com/tpu/docs/tpu7x"},
 }
+
+
+def device_figures(chip: dict) -> dict:
+    """A chip's figures for one of its JAX devices: the whole chip's, except on a chip of
+    several TensorCores that are devices of their own (Ironwood: two), where each device
+    has its share of the HBM, the peak, the HBM bandwidth and the ICI links."""
+    k = chip.get("cores_per_chip", 1)
+    if k == 1:
+        return chip
+    return {**chip, "hbm_bytes": chip["hbm_bytes"] // k,
+            "peak_flops": {d: f / k for d, f in chip["peak_flops"].items()},
+            "hbm_bandwidth": chip["hbm_bandwidth"] / k,
+            "ici_bandwidth": chip["ici_bandwidth"] and chip["ici_bandwidth"] / k}
 
 
 def peak_flops(chip: dict, compute_dtype: str, precision: str = "default") -> float:
@@ -134,7 +162,7 @@ def host_devices(topology: str) -> list:
     """The compile-only devices of one host of a slice (its chips alone, as a slice of
     their own: XLA compiles for a whole topology, not for a subset of one)."""
     name, chip_config, per_host = TOPOLOGIES[topology]
-    dims = per_host if name.startswith(("v4", "v5p")) else per_host[:2]
+    dims = per_host if name.startswith(("v4", "v5p", "tpu7x")) else per_host[:2]
     return _describe(name.split(":")[0] + ":" + "x".join(map(str, dims)), chip_config, per_host,
                      topology)
 
@@ -575,7 +603,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     from supo_jax.rl.runs import sampler_rows
 
     gen = generation(topology)
-    chip = CHIPS[gen]
+    chip = device_figures(CHIPS[gen])
     mc = resolve_model_config(cfg, model_config)
     devices = tpu_devices(topology)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
@@ -583,6 +611,8 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     peak = peak_flops(chip, cdt_name, cfg.model.precision)
     report = {"topology": topology, "tpu_topology": TOPOLOGIES[topology][0],
               "device_kind": devices[0].device_kind, "chips": len(devices),
+              # JAX devices a chip (Ironwood: 2); every "_per_chip" figure is a device's
+              "devices_per_chip": CHIPS[gen].get("cores_per_chip", 1),
               "mesh": dict(mesh.shape), "hbm_bytes_per_chip": chip["hbm_bytes"],
               "peak_flops_per_chip": peak, "hbm_bandwidth_per_chip": chip["hbm_bandwidth"],
               "ici_bandwidth_per_chip": chip["ici_bandwidth"], "chip_source": chip["source"],
@@ -920,7 +950,8 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
                     "train_steps": updates, "assumed": "given" if given else "caps"},
            **{k: phase(k) for k in kinds}}
     steps = cfg.train.steps
-    out["run_chip_hours"] = {k: out[k]["step"] * steps * rep["chips"] / 3600 for k in kinds}
+    chips = rep["chips"] / rep.get("devices_per_chip", 1)     # chips, not devices, are billed
+    out["run_chip_hours"] = {k: out[k]["step"] * steps * chips / 3600 for k in kinds}
     out["run_steps"] = steps
     return out
 
@@ -966,9 +997,13 @@ def format_plan(rep: dict) -> str:
     the memory of each phase and the run's estimates."""
     m = rep["model"]
     ici = rep["ici_bandwidth_per_chip"]
+    k = rep.get("devices_per_chip", 1)
+    unit = "chip" if k == 1 else "device"
     lines = [f"{rep['topology']} ({rep['tpu_topology']}, {rep['device_kind']}): {rep['chips']} "
-             f"chips, {_gib(rep['hbm_bytes_per_chip'])} HBM each; training mesh {rep['mesh']}",
-             f"chip: {rep['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s ({m['compute_dtype']} "
+             + ("chips" if k == 1 else f"devices ({rep['chips'] // k} chips of {k} TensorCores, "
+                "each a device with its share of the chip's figures)")
+             + f", {_gib(rep['hbm_bytes_per_chip'])} HBM each; training mesh {rep['mesh']}",
+             f"{unit}: {rep['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s ({m['compute_dtype']} "
              f"matmuls), HBM {rep['hbm_bandwidth_per_chip'] / 1e9:.0f} GB/s, ICI "
              + (f"{ici / 1e9:.0f} GB/s bidirectional" if ici else "not published (no time "
                 "counted for collectives)") + f" ({rep['chip_source']})",

@@ -132,6 +132,36 @@ def test_host_copy_and_training_layout_decodes_are_reported_beside():
     assert rep["fits"]
 
 
+@pytest.mark.slow
+def test_ironwood_slices_count_tensorcores_and_a_device_gets_half_a_chip():
+    """Ironwood (TPU7x): a slice's name counts TensorCores, two a chip, each a JAX device
+    (tpu7x-8: 2x2x1, 4 chips on one host, 8 devices); the smallest slice's decode and prefill
+    compile with each device's half of the chip's HBM, peak and bandwidths, and the run's
+    chip-hours count chips, not devices."""
+    from supo_jax.plan import CHIPS, TOPOLOGIES, format_plan, host_devices, plan, tpu_devices
+
+    for name in (n for n in TOPOLOGIES if n.startswith("tpu7x")):
+        devices = tpu_devices(name)
+        assert len(devices) == int(name.split("-")[1]) and devices[0].device_kind == "TPU7x"
+        assert len({tuple(d.coords) for d in devices}) == len(devices) // 2     # chips
+        assert len(host_devices(name)) == min(8, len(devices))                 # 4 chips a host
+    rep = plan(_recipe(f"optim.max_row_len={T_SHORT}"), "tpu7x-8", model_config=TINY,
+               host_copy=True)      # every program of the run (~20 s)
+    chip = CHIPS["tpu7x"]
+    assert rep["chips"] == 8 and rep["devices_per_chip"] == 2 and rep["host_chips"] == 8
+    assert rep["hbm_bytes_per_chip"] == chip["hbm_bytes"] // 2 == 96 << 30
+    assert rep["hbm_bandwidth_per_chip"] == chip["hbm_bandwidth"] / 2
+    assert rep["ici_bandwidth_per_chip"] == chip["ici_bandwidth"] / 2
+    assert rep["peak_flops_per_chip"] <= chip["peak_flops"]["bfloat16"] / 2
+    for p in rep["programs"].values():
+        assert "error" not in p and p["fits"] and p["estimated_seconds"] > 0
+    assert "8 devices (4 chips of 2 TensorCores" in format_plan(rep).splitlines()[0]
+    run = rep["rl_step"]
+    k = next(iter(run["run_chip_hours"]))
+    assert run["run_chip_hours"][k] == pytest.approx(
+        run[k]["step"] * run["run_steps"] * 4 / 3600)
+
+
 def test_splash_batch_not_split_over_the_chips_names_the_settings():
     """A micro-batch of 2 rows cannot run splash per batch shard over 4 chips: the train
     step is reported as not compiling, with the settings that fix it."""
