@@ -1,6 +1,7 @@
 """The planner's train-step and decode times beside published measurements of the same
 models on the same chips: MaxText's step logs in AI-Hypercomputer/tpu-recipes
-(training/trillium) and JetStream's decode throughput.
+(training/trillium, v6e; training/ironwood, TPU7x: its README's table) and JetStream's decode
+throughput.
 
 For each published point the train step of the same shapes (its rows a chip of its tokens,
 one micro-batch, FSDP over the slice: `supo-jax plan --config paper_fncall_supo.py` with
@@ -79,6 +80,27 @@ JETSTREAM = "AI-Hypercomputer/jetstream-pytorch benchmarks/summary.md"
 # the slice's generated tokens a second (its summary's row: date | device | dtype | batch |
 # cache length | max input | max output | throughput), the model sharded over the slice's
 # chips (model parallel: rollout.tensor = chips)
+# Ironwood (TPU7x): rows a chip here are rows a device (a TensorCore), as the recipe's
+# per_device_batch_size counts them (2 x 128 devices = its global batch of 256); tokens/s a
+# chip are the README's, a whole chip's. The recipe keeps each layer's input and its q, k, v
+# projections and attention output on device and recomputes the rest (remat_policy custom, no
+# offload); the nearest of our policies is full remat (dots would keep the MLP's outputs too)
+IRONWOOD = "AI-Hypercomputer/tpu-recipes training/ironwood/"
+POINTS.update({
+    "llama3.1-70b_tpu7x-128": dict(
+        model="llama3.1-70b", topology="tpu7x-128", rows_per_chip=2, seq=8192, seconds=12.20,
+        tokens_per_second_per_chip=2686.98, sets=["model.remat=full"],
+        source=IRONWOOD + "README.md (llama3.1-70b/8k-bf16-tpu7x-4x4x4)",
+        log="llama3.1-70b | 64 chips | GBS 256 | 8192 | bf16 | 12.20 s | 1,207.05 TFLOP/s/chip "
+            "| 2,686.98 tokens/s/chip"),
+    "llama3.1-70b_tpu7x-512": dict(
+        model="llama3.1-70b", topology="tpu7x-512", rows_per_chip=2, seq=8192, seconds=12.27,
+        tokens_per_second_per_chip=2670.55, sets=["model.remat=full"],
+        source=IRONWOOD + "README.md (llama3.1-70b/8k-bf16-tpu7x-4x8x8)",
+        log="llama3.1-70b | 256 chips | GBS 1024 | 8192 | bf16 | 12.27 s | 1,199.67 "
+            "TFLOP/s/chip | 2,670.55 tokens/s/chip"),
+})
+
 DECODE_POINTS = {
     "llama3-8b_v5e-8_decode": dict(
         model="llama3-8b", topology="v5litepod-8", rows=128, cache_len=2048,
@@ -272,11 +294,14 @@ def markdown(res: dict) -> str:
     r = res["results"]
     fit = r["fit"]
     loo = {x["point"]: x for x in fit.get("leave_one_out", [])}
-    lines = ["Published train steps (MaxText on TPU v6e, tpu-recipes) beside the planner's band "
+    lines = ["Published train steps (MaxText on TPU v6e and Ironwood, tpu-recipes) beside the "
+             "planner's band "
              "for the same shapes (the recipe's remat and collective-matmul settings): the "
              "perfect-overlap bound, the no-overlap time, and the measured step over the "
              "no-overlap time (r). The planner's programs are compiled for the slice on a CPU "
-             "host (verified by compilation); the measured times are MaxText's, not ours.", "",
+             "host (verified by compilation); the measured times are MaxText's, not ours. On "
+             "Ironwood (tpu7x) the rows are a device's (a TensorCore, half a chip: the recipe's "
+             "per_device_batch_size) and the tokens/s a whole chip's.", "",
              "| point | rows a chip x tokens | measured s (tok/s a chip) | bound s (what) | "
              "no overlap s | r | left out: predicted s (miss) | fits | source |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -34,12 +34,13 @@ SETUPS = {
     "codegym": ("CodeGym-style: Qwen2.5-32B-Instruct, W = 4096, S = 7, 128 tasks x 8",
                 "paper_fncall_supo.py", "qwen2.5-32b-instruct", [],
                 {"v5p": ["v5p-32", "v5p-64"], "v5e": ["v5litepod-128", "v5litepod-256"],
-                 "v6e": ["v6e-64", "v6e-128"]}),
+                 "v6e": ["v6e-64", "v6e-128"], "tpu7x": ["tpu7x-16", "tpu7x-32"]}),
     # 64K-token rows: remat full keeps 43 GB of layer inputs a chip; offload moves them to the
     # hosts' memory
     "browsecomp": ("BrowseComp-Plus-style: Seed-OSS-36B-Instruct, W = 65536, S = 2",
                    "paper_search_supo.py", "seed-oss-36b-instruct", ["model.remat=offload"],
-                   {"v5p": ["v5p-64", "v5p-128"], "v6e": ["v6e-128", "v6e-256"]}),
+                   {"v5p": ["v5p-64", "v5p-128"], "v6e": ["v6e-128", "v6e-256"],
+                    "tpu7x": ["tpu7x-32", "tpu7x-64"]}),
     "7b": ("Qwen2.5-7B-Instruct, W = 4096, 16 rows a step", "paper_fncall_supo.py",
            "qwen2.5-7b-instruct", ONE_CHIP_ROWS, {"v5e": ["v5litepod-16"], "v6e": ["v6e-8"]}),
     "8b": ("Qwen3-8B, W = 4096, 16 rows a step", "paper_fncall_supo.py", "qwen3-8b",
@@ -68,13 +69,15 @@ def fit_batch(cfg, chips: int) -> list[str]:
         [f"mesh.tensor={tensor}"] if tensor > 1 else [])
 
 
-def plan_setup(name: str, smoke: bool = False) -> list[dict]:
+def plan_setup(name: str, smoke: bool = False, gens: list[str] | None = None) -> list[dict]:
     from supo_jax.config import load_config
     from supo_jax.plan import plan, tpu_devices
 
     what, config, model, sets, slices = SETUPS[name]
     rows = []
     for gen, tries in slices.items():
+        if gens and gen not in gens:
+            continue
         for topology in tries[:1] if smoke else tries:
             cfg = load_config(os.path.join(CONFIGS, config), sets)
             topo_sets = sets + fit_batch(cfg, len(tpu_devices(topology)))
@@ -127,6 +130,8 @@ def main(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--only", default=",".join(SETUPS), help="setups, comma-separated; the "
                    "other setups' rows of an existing NAME.json are kept")
+    p.add_argument("--generations", default="", help="chip generations, comma-separated "
+                   "(default every one a setup names); the other generations' rows are kept")
     p.add_argument("--refresh", action="store_true", help="compile nothing: recompute every "
                    "row's estimates and RL step from its programs' figures")
     args = p.parse_args(argv)
@@ -146,17 +151,19 @@ def main(argv=None):
         return
     run = common.Run("tpu_plan", args, argv)
     only = args.only.split(",")
+    gens = [g for g in args.generations.split(",") if g]
     unknown = [n for n in only if n not in SETUPS]
     if unknown:
         p.error(f"unknown setup {unknown[0]!r}; one of {', '.join(SETUPS)}")
     kept, fn = [], os.path.join(args.out_dir, "tpu_plan.json")
     if os.path.exists(fn) and not args.smoke:
         with open(fn) as f:
-            kept = [r for r in json.load(f)["results"]["rows"] if r["setup"] not in only]
+            kept = [r for r in json.load(f)["results"]["rows"] if r["setup"] not in only
+                    or gens and r["generation"] not in gens]
     rows = []
     made = provenance()    # the code this process runs: as it was at its start
     for name in only:
-        rows += [dict(r, made=made) for r in plan_setup(name, smoke=args.smoke)]
+        rows += [dict(r, made=made) for r in plan_setup(name, smoke=args.smoke, gens=gens)]
         partial = os.path.join(args.out_dir, "tpu_plan.partial.json")
         os.makedirs(args.out_dir, exist_ok=True)
         with open(partial, "w") as f:     # what stands if a long compile is stopped
