@@ -427,8 +427,10 @@ AT_LEAST_0 = {"rollout.dynamic_rounds": "0 = off", "rollout.budget_tokens": "0 =
 
 
 def validate(cfg: Config) -> Config:
-    """Cross-field checks that single sections cannot do; no side effects. An environment of
-    env.imports is registered only once its module is imported: import_env_modules first."""
+    """Cross-field checks that single sections cannot do, and the settings whose default
+    depends on others resolved (loss.behaviour_correction=auto); no side effects. An
+    environment of env.imports is registered only once its module is imported:
+    import_env_modules first."""
     from supo_jax.envs import list_envs
     if cfg.env.name not in list_envs():
         hint = ("" if cfg.env.imports else "; an environment of your own registers when its "
@@ -492,13 +494,25 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("rollout.budget_tokens and rollout.dynamic_rounds: partial rollouts "
                           "carry groups across steps and dynamic sampling redraws a step's "
                           "groups; set one of them to 0")
+    if cfg.loss.behaviour_correction == "auto":
+        # partial rollouts: a suspended rollout's tokens were sampled by a policy up to
+        # max_staleness updates old (a restarted one's, older): clipping against those
+        # log-probs is not PPO; the ratio is clipped against the recomputed log-probs and
+        # the tokens weighed by truncated importance sampling. The run's config.json holds
+        # what was chosen, and the trainer says it at start.
+        budget = bool(cfg.rollout.budget_tokens)
+        cfg = dataclasses.replace(
+            cfg, loss=dataclasses.replace(cfg.loss, behaviour_correction="tis" if budget
+                                          else "none"),
+            optim=dataclasses.replace(cfg.optim, recompute_old_logprobs=(
+                cfg.optim.recompute_old_logprobs or budget)))
     if cfg.rollout.budget_tokens and (cfg.loss.behaviour_correction == "none"
                                       or not cfg.optim.recompute_old_logprobs):
-        # a suspended rollout's tokens were sampled by a policy up to max_staleness updates
-        # old (a restarted one's, older): clipping against those log-probs is not PPO
         raise ConfigError("rollout.budget_tokens: resumed rollouts hold tokens of older "
-                          "policies; set optim.recompute_old_logprobs=true and "
-                          "loss.behaviour_correction=tis (or decoupled)")
+                          "policies, which loss.behaviour_correction=none (or "
+                          "optim.recompute_old_logprobs=false) trains as the current one's; "
+                          "leave loss.behaviour_correction at auto (tis), or set tis or "
+                          "decoupled with optim.recompute_old_logprobs=true")
     if cfg.loss.behaviour_correction != "none" and not cfg.optim.recompute_old_logprobs:
         raise ConfigError(f"loss.behaviour_correction={cfg.loss.behaviour_correction}: the "
                           "proximal policy is the trainer's recomputed log-probabilities; set "

@@ -75,15 +75,24 @@ def test_partial_rollouts_and_dynamic_sampling_are_one_or_the_other():
     assert apply_overrides(Config(), ok).rollout.budget_tokens == 1000
 
 
-@pytest.mark.parametrize("drop", [1, 2])
-def test_partial_rollouts_need_the_off_policy_correction(drop):
-    """Resumed rollouts hold tokens sampled by older policies: without the recomputed
-    proximal log-probs and a behaviour correction the run is refused in one line."""
-    sets = ["rollout.budget_tokens=1000", "optim.recompute_old_logprobs=true",
-            "loss.behaviour_correction=tis"]
-    with pytest.raises(ConfigError, match=r"^rollout\.budget_tokens: .*"
-                       r"optim\.recompute_old_logprobs=true and loss\.behaviour_correction=tis"):
-        apply_overrides(Config(), sets[:drop])
+def test_a_token_budget_alone_turns_the_off_policy_correction_on():
+    """Resumed rollouts hold tokens sampled by older policies: rollout.budget_tokens alone
+    recomputes the proximal log-probs and weighs the tokens by truncated importance sampling
+    (loss.behaviour_correction auto -> tis), what the run's config.json then holds; without a
+    budget auto is none. An explicit correction of none with a budget is refused in one line;
+    decoupled is kept."""
+    cfg = apply_overrides(Config(), ["rollout.budget_tokens=1000"])
+    assert cfg.loss.behaviour_correction == "tis" and cfg.optim.recompute_old_logprobs
+    assert to_dict(cfg)["loss"]["behaviour_correction"] == "tis"
+    plain = apply_overrides(Config(), [])
+    assert plain.loss.behaviour_correction == "none" and not plain.optim.recompute_old_logprobs
+    kept = apply_overrides(Config(), ["rollout.budget_tokens=1000", "loss.behaviour_correction="
+                                      "decoupled", "optim.recompute_old_logprobs=true"])
+    assert kept.loss.behaviour_correction == "decoupled"
+    with pytest.raises(ConfigError, match=r"^rollout\.budget_tokens: .*behaviour_correction=none"
+                       ) as e:
+        apply_overrides(Config(), ["rollout.budget_tokens=1000", "loss.behaviour_correction=none"])
+    assert "\n" not in str(e.value)
 
 
 def test_missing_config_file():

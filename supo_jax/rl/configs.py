@@ -8,7 +8,9 @@ from supo_jax.agent.context import NO_ANSWER
 from supo_jax.rl.algo import ADVANTAGES
 
 SCHEDULES = ("constant", "warmup_cosine")   # optim.schedule (rl/train_step.learning_rate)
-CORRECTIONS = ("none", "tis", "decoupled")     # loss.behaviour_correction
+# loss.behaviour_correction; "auto" (the default) is resolved by supo_jax.config.validate:
+# "tis" with partial rollouts (rollout.budget_tokens > 0), else "none"
+CORRECTIONS = ("auto", "none", "tis", "decoupled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +29,9 @@ class LossConfig:
     # step's start): "none" (the ratio against the proximal policy alone), "tis" (each
     # token's loss weighed by min(p_prox / p_behav, behaviour_cap): truncated importance
     # sampling, as verl and slime), "decoupled" (weighed by p_prox / p_behav, tokens over
-    # behaviour_cap left out: AReaL's decoupled PPO)
-    behaviour_correction: str = "none"
+    # behaviour_cap left out: AReaL's decoupled PPO); "auto": "tis" with partial rollouts
+    # (rollout.budget_tokens), whose resumed tokens are older policies', else "none"
+    behaviour_correction: str = "auto"
     behaviour_cap: float = 2.0
 
     def __post_init__(self):

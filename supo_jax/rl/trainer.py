@@ -541,6 +541,10 @@ def open_run(cfg: Config, stop: Callable[[], bool] | None = None) -> Run:
             "this model and optimizer (corrupt, or written by another version of supo_jax: the "
             "warnings above say why); nothing was overwritten. Use another train.run_dir, or move "
             "the checkpoints away to start over")
+    if cfg.rollout.budget_tokens and is_main():
+        print(f"partial rollouts (rollout.budget_tokens={cfg.rollout.budget_tokens}): the "
+              "update's old log-probs recomputed, resumed tokens weighed by "
+              f"loss.behaviour_correction={cfg.loss.behaviour_correction}")
     if restored is not None:
         run.start, trained, run.opt_state, meta = restored
         if cfg.rollout.budget_tokens and "carry" in meta:
