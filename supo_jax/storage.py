@@ -146,10 +146,31 @@ def ensure_dir(path, what: str = "the directory") -> None:
     probe = join(path, f".write_check.{os.getpid()}")
     try:
         write_text(probe, "supo_jax write check")
+        honoured = _generations_honoured(probe)
         remove(probe)
     except Exception as e:   # noqa: BLE001  (gcsfs's HttpError, PermissionError, auth errors)
         why = " ".join(str(e).split())[:200] or type(e).__name__
         raise OSError(f"{what} {path}: cannot write there ({type(e).__name__}: {why})") from None
+    if not honoured:
+        raise OSError(f"{what} {path}: the storage server ignores GCS's object generation "
+                      "preconditions (a write to an existing object with ifGenerationMatch=0 "
+                      "succeeded), which Orbax's checkpoints (tensorstore) need to commit "
+                      "safely; use GCS, or an emulator that implements them")
+
+
+def _generations_honoured(probe: str) -> bool:
+    """Whether the server refuses a write conditioned on a generation the object does not
+    have: creating `probe`, which exists, with ifGenerationMatch=0 (as GCS answers: 412)."""
+    fs, p = filesystem(probe)
+    try:
+        fs.pipe_file(p, b"supo_jax generation check", mode="create")
+    except FileExistsError:
+        return True
+    except OSError as e:      # another failure is the write check's own error
+        if "412" in str(e) or "recondition" in str(e):
+            return True
+        raise
+    return False
 
 
 def open(path, mode: str = "r"):  # noqa: A001 - the builtin's counterpart

@@ -1,7 +1,7 @@
 """A GCS API server on a loopback port for the tests (gcp-storage-emulator, in this process's
 threads): everything the project writes is pointed at it by STORAGE_EMULATOR_HOST alone, the
 variable Google's clients read. `refusing()` makes it answer every write with 403, as a
-bucket without write permission does.
+bucket without write permission does; `stock()` takes the generations away (below).
 
 The emulator (2026.7.19) ignores GCS's generation preconditions (ifGenerationMatch,
 ifGenerationNotMatch) and sends no x-goog-generation header with an object's bytes; GCS does
@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 BUCKET = "supo-test"
 _REFUSE = {"on": False}
+_STOCK = {"on": False}     # stock(): the emulator as released, without generations
 
 
 def _free_port() -> int:
@@ -61,11 +62,28 @@ def _with_generations(srv) -> None:
         h.end_headers()
         h.wfile.write(body)
 
+    def data(self):      # read once per request: the precondition check may read it first
+        h = self._request_handler
+        if not hasattr(h, "_supo_data"):
+            h._supo_data = srv._read_data(h, self._query)
+        return h._supo_data
+    srv.Request.data = property(data)
+
     def guarded(self, method):
+        if _STOCK["on"]:
+            state["generation"] = None
+            return handle(self, method)
         h = self._request_handler
         url = urlparse(h.path)
         q = parse_qs(url.query)
         bucket, name = _target(url.path, q)
+        if (bucket is None and method == "POST" and url.path.startswith("/upload/")
+                and q.get("uploadType") == ["multipart"]
+                and ("ifGenerationMatch" in q or "ifGenerationNotMatch" in q)):
+            # a multipart upload names its object in its body's metadata part
+            body = srv.Request(h, method).data
+            if isinstance(body, dict) and "meta" in body:
+                bucket, name = url.path.split("/b/", 1)[1].split("/", 1)[0], body["meta"]["name"]
         state["generation"] = None
         if bucket is not None and "/copyTo/" not in url.path and "/rewriteTo/" not in url.path:
             cur = generation(h.storage, bucket, name)
@@ -127,6 +145,16 @@ def refusing():
         yield
     finally:
         _REFUSE["on"] = False
+
+
+@contextlib.contextmanager
+def stock():
+    """The emulator as released: generation preconditions ignored, no x-goog-generation."""
+    _STOCK["on"] = True
+    try:
+        yield
+    finally:
+        _STOCK["on"] = False
 
 
 def env(host: str) -> dict:

@@ -66,6 +66,19 @@ def test_a_missing_or_read_only_bucket_is_one_line_naming_the_setting(bucket):
     assert not storage.exists(storage.join(bucket, "run"))
 
 
+def test_a_server_without_object_generations_is_one_line_at_start(bucket):
+    """A server that ignores GCS's generation preconditions (the stock emulator) would fail
+    in the first Orbax save with a tensorstore traceback: the write check stops it at start,
+    in one line saying what the server lacks, and leaves nothing behind."""
+    run = storage.join(bucket, "stock")
+    with gcs.stock(), pytest.raises(OSError, match=r"^train.run_dir gs://.*/stock: the storage "
+                                    r"server ignores GCS's object generation preconditions") as e:
+        storage.ensure_dir(run, "train.run_dir")
+    assert "\n" not in str(e.value)
+    storage.ensure_dir(run, "train.run_dir")       # GCS's behaviour: the check passes
+    assert not storage.exists(run) or storage.listdir(run) == []
+
+
 def test_tensorstore_endpoint_is_derived_from_storage_emulator_host(bucket):
     """Orbax writes arrays through tensorstore, which reads its own variable: the project
     sets it from STORAGE_EMULATOR_HOST, and a checkpoint round-trips through the bucket."""
