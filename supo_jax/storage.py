@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid
 
 _DERIVED: dict[str, str] = {}   # environment variables configure() set, and to what
 
@@ -203,14 +204,25 @@ def write_text(path, text: str) -> None:
 
 
 def append_text(path, text: str) -> None:
-    """Append to a file (a bucket's object is rewritten whole: fine for the small logs this
-    is for)."""
+    """Append to a file. In a bucket, O(text) bytes a call: the text goes up as an object of
+    its own, and GCS composes the file and it into the file (server-side, what its docs give
+    for appends); the part is deleted after. A reader sees the file before or after the
+    append, whole; a kill in between leaves at most a stray part object beside it."""
     if not is_url(path):
         with open(path, "a") as f:
             f.write(text)
         return
-    old = read_text(path) if exists(path) else ""
-    write_text(path, old + text)
+    if not exists(path):
+        write_text(path, text)
+        return
+    fs, p = filesystem(path)
+    head, _, name = p.rpartition("/")
+    part = f"{head}/.{name}.append-{uuid.uuid4().hex[:12]}"
+    fs.pipe_file(part, text.encode("utf-8"))
+    try:
+        fs.merge(p, [p, part])
+    finally:
+        fs.rm_file(part)
 
 
 def replace(src, dst) -> None:

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 BUCKET = "supo-test"
 _REFUSE = {"on": False}
 _STOCK = {"on": False}     # stock(): the emulator as released, without generations
+UPLOADED = {"bytes": 0}    # request body bytes the server received (POST, PUT, PATCH)
 
 
 def _free_port() -> int:
@@ -119,6 +120,7 @@ def start():
                 continue
 
             def refusing_or(self, _orig=orig):
+                UPLOADED["bytes"] += int(self.headers.get("Content-Length") or 0)
                 if _REFUSE["on"]:
                     body = b'{"error": {"code": 403, "message": "write access denied"}}'
                     self.send_response(403)

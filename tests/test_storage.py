@@ -66,6 +66,23 @@ def test_a_missing_or_read_only_bucket_is_one_line_naming_the_setting(bucket):
     assert not storage.exists(storage.join(bucket, "run"))
 
 
+def test_appending_to_a_bucket_log_uploads_each_row_once(bucket):
+    """A bucket's log grows by composing each appended row into it (GCS's compose, server
+    side): 200 appends of a 3 KB row upload about 200 rows' bytes (the old read-and-rewrite
+    uploaded the whole log each time: 100 times that), and the log reads back whole, with no
+    part object left beside it."""
+    log = storage.join(bucket, "appends", "metrics.jsonl")
+    row = '{"step": %04d, "pad": "' + "x" * 3000 + '"}\n'
+    storage.write_text(log, row % 0)
+    before = gcs.UPLOADED["bytes"]
+    for i in range(1, 201):
+        storage.append_text(log, row % i)
+    sent = gcs.UPLOADED["bytes"] - before
+    assert sent < 2 * 200 * len(row % 0), sent
+    assert storage.read_text(log) == "".join(row % i for i in range(201))
+    assert storage.listdir(storage.join(bucket, "appends")) == ["metrics.jsonl"]
+
+
 def test_a_server_without_object_generations_is_one_line_at_start(bucket):
     """A server that ignores GCS's generation preconditions (the stock emulator) would fail
     in the first Orbax save with a tensorstore traceback: the write check stops it at start,
