@@ -304,11 +304,15 @@ def _cmd_rollout(args) -> None:
            "state": ("states_mean",), "fold": ("folds_mean",)}
     for k in ("rollouts", "success_rate", "steps_mean", "tool_calls_mean", "summaries_mean",
               *own.get(cfg.context.manager, ()), "working_context_mean", "working_context_max",
-              "effective_context_mean", "summary_state_share", "reasons",
+              "effective_context_mean", "summary_state_share", "observation_cut_rate", "reasons",
               *(k for k in s if k.startswith("harness_")),
               *(("expert_success_rate",) if "expert_success_rate" in s else ())):
         v = s[k]
         print(f"{k:24s} {'-' if isinstance(v, float) and math.isnan(v) else v}")
+    if s["observation_cut_rate"] > 0.5:
+        print(f"note: context.max_observation_tokens={cfg.context.max_observation_tokens} cut "
+              f"{100 * s['observation_cut_rate']:.0f}% of the observations of {args.env}; raise "
+              "it (--set context.max_observation_tokens=N) for the manager to see them whole")
     if args.out:
         write_jsonl(ro, args.out)
         print(f"wrote {args.out}")

@@ -515,6 +515,35 @@ def test_frozen_summarizer_writes_untrained_summaries(fmt):
 
 
 @pytest.mark.slow
+def test_observations_cut_at_the_cap_are_counted_and_said(fmt, capsys):
+    """fncall/records' records (~100-200 tokens) under the CPU recipe's 64-token observation
+    cap, at its reproduction's W = 1024: every observation is cut, so clearing old results has nothing to do; the rollout
+    says so (observation_cut_rate 1.0 and one line naming the setting). With the cap its
+    reproduction config uses (256), none is cut and the line is gone."""
+    from supo_jax import cli
+
+    args = ["rollout", "--env", "fncall/records", "--context", "clear", "--num", "2",
+            "--set", "context.working_context=1024"]
+    assert cli.main(args) in (0, None)
+    out = capsys.readouterr().out
+    assert "observation_cut_rate     1.0" in out
+    assert "note: context.max_observation_tokens=64 cut 100% of the observations" in out
+    assert cli.main(args + ["--set", "context.max_observation_tokens=256"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "observation_cut_rate     0.0" in out and "note:" not in out
+    # a training run says it once, at its start (the scripted expert's ceiling)
+    from supo_jax.config import load_config
+    from supo_jax.rl.trainer import expert_ceiling
+
+    said = []
+    for sets in ([], ["context.max_observation_tokens=1024"]):   # the tiny tokenizer's
+        cfg = load_config(None, ["env.name=fncall/records", "context.manager=clear",
+                                 "context.working_context=8192", *sets])
+        expert_ceiling(cfg, fmt, n=2, log=said.append)
+    cut = [x for x in said if "of the scripted expert's observations" in x]
+    assert len(cut) == 1 and cut[0].startswith("context.max_observation_tokens=64 cut 100%")
+
+
 def test_rollout_cli_on_every_env_and_a_real_checkpoint(tmp_path, capsys):
     """`supo-jax rollout --policy scripted` on every built-in environment (the command's own
     main, in this process: the scripted policy runs no model), then a real checkpoint through

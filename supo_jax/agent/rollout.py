@@ -256,15 +256,18 @@ def _json_values(info: dict) -> dict:
     return out
 
 
+CUT_NOTE = " ...[observation truncated]"
+
+
 def _cut_observation(fmt: ChatFormat, text: str, limit: int) -> str:
-    """Shorten an observation to at most `limit` tokens, saying it was cut."""
+    """Shorten an observation to at most `limit` tokens, saying it was cut (CUT_NOTE)."""
     text = str(text)
     if len(text) > 64 * limit:  # cheap guard before tokenizing huge strings
         text = text[:64 * limit]
     ids = fmt.encode(text)
     if len(ids) <= limit:
         return text
-    note = " ...[observation truncated]"
+    note = CUT_NOTE
     keep = max(0, limit - len(fmt.encode(note)) - 2)
     return fmt.decode(ids[:keep]) + note
 
@@ -358,6 +361,7 @@ class Suspended:
     env_info: dict = dataclasses.field(default_factory=dict)
     generations: int = 0
     versions: list = dataclasses.field(default_factory=list)  # as Rollout.versions
+    observations: list = dataclasses.field(default_factory=lambda: [0, 0])  # as _Row's
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -378,6 +382,7 @@ class _Row:
         self.generations = 0     # the model's generations so far (its tokens' streams)
         self.actions: list = []  # the environment steps applied: [[action text, digest], ...]
         self.versions: list = []
+        self.observations = [0, 0]   # the environment's observations, and those cut at the cap
 
     def add_tokens(self, version: int, n: int) -> None:
         if self.versions and self.versions[-1][0] == version:
@@ -390,7 +395,8 @@ class _Row:
         return Suspended(self.task, self.group_id, self.sample, state_to_json(self.state),
                          list(self.transcript), list(self.summaries), list(self.probes),
                          [list(a) for a in self.actions], dict(self.env_info),
-                         self.generations, [list(v) for v in self.versions])
+                         self.generations, [list(v) for v in self.versions],
+                         list(self.observations))
 
     @classmethod
     def resumed(cls, slot: int, s: Suspended, env) -> _Row:
@@ -399,6 +405,7 @@ class _Row:
         r.actions, r.env_info, r.generations = [list(a) for a in s.actions], dict(s.env_info), \
             s.generations
         r.versions = [list(v) for v in s.versions]
+        r.observations = list(s.observations)
         return r
 
 
@@ -554,7 +561,11 @@ class _Driver:
                           max_context=st.max_context, segments=len(st.segments),
                           effective_context=st.effective_context,
                           cleared=st.results_cleared, states=st.states, folds=st.folds,
-                          clear_exhausted=st.clear_exhausted))
+                          clear_exhausted=st.clear_exhausted,
+                          # the environment's observations, and those cut at
+                          # context.max_observation_tokens
+                          observations=row.observations[0],
+                          observations_cut=row.observations[1]))
         del self.active[row.slot]
         self.free.append(row.slot)
         _release(row.env)
@@ -813,6 +824,8 @@ class _Driver:
         r.env_info = final
         if obs is not None:
             r.transcript.append({"role": role, "content": obs})
+            r.observations[0] += 1
+            r.observations[1] += str(obs).endswith(CUT_NOTE)
         n = len(r.state.tokens)
         r.state = after_action(self.cfg, self.fmt, r.state, turn, obs, done, reward,
                                tool_call=tool_call, role=role)
@@ -978,6 +991,9 @@ def summarize(rollouts: Sequence[Rollout]) -> dict:
         "summary_cut_rate": sum(r.reason == "summary_cut" for r in rollouts) / n,
         "summary_state_share": _share([p for r in rollouts for p in r.summary_probes]),
         "summary_length_mean": _mean([x for r in rollouts for x in r.counters["summary_lengths"]]),
+        # the share of the environment's observations cut at context.max_observation_tokens
+        "observation_cut_rate": (sum(r.counters.get("observations_cut", 0) for r in rollouts)
+                                 / max(1, sum(r.counters.get("observations", 0) for r in rollouts))),
         # a reset (a summary, or any new segment): the working context's tokens at its end
         # (the summary included) and the next segment's before its first generated token
         "reset_context_before_mean": _mean([len(s) for r in rollouts for s in r.segments[:-1]]),

@@ -207,6 +207,12 @@ def expert_ceiling(cfg: Config, fmt: ChatFormat, n: int | None = None,
     if s["success_rate"] == 0 and is_main():
         log(solved_none_line(cfg, ro, actor, fmt) + ". Rewards will be rare: change those "
             "settings or the task's knobs (env.knobs)")
+    if s["observation_cut_rate"] > 0.5 and is_main():
+        log(f"context.max_observation_tokens={cfg.context.max_observation_tokens} cut "
+            f"{100 * s['observation_cut_rate']:.0f}% of the scripted expert's observations on "
+            f"{name}: its observations are longer; a manager meant to handle long results "
+            "(clear, fold) sees them cut (metrics: observation_cut_rate); raise it with --set "
+            "context.max_observation_tokens=N")
     return {"expert_success_rate": s["success_rate"], "expert_reasons": s["reasons"],
             "expert_cut_actions": actor.cut_actions, "expert_actions": actor.actions}
 
