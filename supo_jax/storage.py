@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 
 _DERIVED: dict[str, str] = {}   # environment variables configure() set, and to what
@@ -255,17 +257,55 @@ def local_copy(path):
         yield dest
 
 
+EXPORT = "EXPORT.json"   # a bucket directory's pointer to its current version (staged_dir)
+
+
 @contextlib.contextmanager
 def staged_dir(path):
     """A local directory to write into for code that writes only local files (an HF
-    export): `path` itself when local; else a temporary directory uploaded to `path` (whose
-    old contents go first) when the block ends without an error."""
+    export): `path` itself when local. In a bucket, a temporary directory uploaded when the
+    block ends without an error, as a new version of `path`: its files go to
+    `path/v-<time>-<id>/`, then `path/EXPORT.json` (one small object, written last) names
+    that version, so a reader (`resolve`) sees the old export or the new one, whole, and a
+    process killed mid-upload leaves the old one standing. Versions other than the new and
+    the one before it (a reader may still be copying it) are deleted after the switch."""
     if not is_url(path):
         os.makedirs(path, exist_ok=True)
         yield str(path)
         return
     with tempfile.TemporaryDirectory(prefix="supo_jax_up_") as tmp:
         yield tmp
-        rmtree(path)
         fs, p = filesystem(path)
-        fs.put(tmp.rstrip("/") + "/", p.rstrip("/") + "/", recursive=True)
+        p = p.rstrip("/")
+        before = _export_version(path)
+        version = f"v-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        fs.put(tmp.rstrip("/") + "/", f"{p}/{version}/", recursive=True)
+        write_text(join(path, EXPORT), json.dumps({"version": version}))
+        for name in listdir(path):    # older versions, and a plain export written before
+            if name in (EXPORT, version, before):
+                continue
+            if isdir(join(path, name)):
+                rmtree(join(path, name))
+            else:
+                remove(join(path, name))
+
+
+def _export_version(path) -> str | None:
+    marker = join(path, EXPORT)
+    if not is_url(path) or not isfile(marker):
+        return None
+    try:
+        version = json.loads(read_text(marker))["version"]
+    except (ValueError, KeyError, TypeError):
+        raise OSError(f"{marker}: not an export pointer ({{\"version\": ...}} expected)") from None
+    if not isinstance(version, str) or "/" in version or not version.startswith("v-"):
+        raise OSError(f"{marker}: names {version!r}, not a version of {path}")
+    return version
+
+
+def resolve(path) -> str:
+    """The directory holding an export's files: in a bucket, the version `path/EXPORT.json`
+    names (staged_dir), else `path` itself (a local directory, or a bucket directory
+    written another way)."""
+    version = _export_version(path)
+    return join(path, version) if version else path

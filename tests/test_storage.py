@@ -46,8 +46,9 @@ def test_files_and_directories_round_trip(where, bucket, tmp_path):
             fh.write(b"\x00\x01")
         with open(os.path.join(d, "config.json"), "w") as fh:
             fh.write("{}")
-    assert sorted(storage.listdir(storage.join(root, "hf"))) == ["config.json", "sub"]
-    with storage.local_copy(storage.join(root, "hf")) as d:
+    hf = storage.resolve(storage.join(root, "hf"))    # in a bucket: its current version
+    assert sorted(storage.listdir(hf)) == ["config.json", "sub"]
+    with storage.local_copy(hf) as d:
         with open(os.path.join(d, "sub", "w.bin"), "rb") as fh:
             assert fh.read() == b"\x00\x01"
     storage.replace(f, storage.join(root, "old.jsonl"))
@@ -55,6 +56,49 @@ def test_files_and_directories_round_trip(where, bucket, tmp_path):
     storage.rmtree(storage.join(root, "hf"))
     assert not storage.exists(storage.join(root, "hf"))
     assert sorted(storage.listdir(root)) == ["old.jsonl"]
+
+
+def test_an_export_killed_mid_upload_leaves_the_old_one_whole(bucket, monkeypatch):
+    """staged_dir in a bucket uploads a new version beside the old and switches the export's
+    pointer last: an upload that dies after k of its files (any k) leaves the old export
+    standing, whole, for every reader; a whole upload is read whole and the version before
+    it is kept (a reader may be copying it), older ones deleted."""
+    import gcsfs
+
+    hf = storage.join(bucket, "export", "hf")
+
+    def export(tag, files=6):
+        with storage.staged_dir(hf) as d:
+            for i in range(files):
+                with open(os.path.join(d, f"part{i}.txt"), "w") as fh:
+                    fh.write(f"{tag} {i}")
+
+    def read():
+        with storage.local_copy(storage.resolve(hf)) as d:
+            return {f: open(os.path.join(d, f)).read() for f in sorted(os.listdir(d))}
+
+    export("old")
+    old = read()
+    assert old == {f"part{i}.txt": f"old {i}" for i in range(6)}
+    put = gcsfs.GCSFileSystem._put_file
+    for k in range(6):
+        calls = []
+
+        async def dying(self, *a, _k=k, **kw):
+            if len(calls) == _k:
+                raise ConnectionError("killed")
+            calls.append(a)
+            return await put(self, *a, **kw)
+        monkeypatch.setattr(gcsfs.GCSFileSystem, "_put_file", dying)
+        with pytest.raises(ConnectionError):
+            export("new")
+        monkeypatch.setattr(gcsfs.GCSFileSystem, "_put_file", put)
+        assert read() == old, k
+    export("new")
+    assert read() == {f"part{i}.txt": f"new {i}" for i in range(6)}
+    export("newer")
+    versions = [n for n in storage.listdir(hf) if n != storage.EXPORT]
+    assert len(versions) == 2     # newer, and the one before it
 
 
 def test_a_missing_or_read_only_bucket_is_one_line_naming_the_setting(bucket):

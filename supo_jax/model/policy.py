@@ -134,7 +134,7 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     if storage.is_url(path):
-        with storage.local_copy(path) as local:
+        with storage.local_copy(storage.resolve(path)) as local:
             return load_tokenizer(local)
     if str(path).endswith(".gguf"):
         return gguf_tokenizer(path)
@@ -229,10 +229,10 @@ def load_policy(path: str, dtype="float32", mesh=None, *, compute_dtype=None,
     options: the Decoder's remat / attention / precision (supo_jax.model.decoder.Decoder).
     """
     path = resolve_model_path(path)
-    if storage.is_url(path):   # a bucket's: read from a local copy
+    if storage.is_url(path):   # a bucket's: read from a local copy (of its current export)
         if not storage.exists(path):
             raise FileNotFoundError(f"model path {path!r} does not exist")
-        with storage.local_copy(path) as local:
+        with storage.local_copy(storage.resolve(path)) as local:
             return load_policy(local, dtype, mesh, compute_dtype=compute_dtype,
                                tokenizer=tokenizer, **options)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):   # a PEFT LoRA adapter

@@ -121,6 +121,7 @@ def load_configured_policy(path: str, m: ModelSection, *, mesh: Mesh | None = No
     base_model_name_or_path, with the adapter's weights)."""
     from supo_jax.model.lora import load_peft, peft_lora, read_peft_config
 
+    path = storage.resolve(path)     # a bucket's export: its current version
     peft = storage.isfile(storage.join(path, "adapter_config.json"))
     base = path
     if peft:
@@ -164,8 +165,9 @@ def adapter_base(cfg: Config) -> str | None:
     path = cfg.train.init_from or cfg.model.path
     if not path or cfg.model.lora_base_dtype:
         return None
-    if storage.isfile(storage.join(path, "adapter_config.json")):
-        return cfg.model.path or read_peft_config(path).get("base_model_name_or_path")
+    if storage.isfile(storage.join(storage.resolve(path), "adapter_config.json")):
+        return cfg.model.path or read_peft_config(storage.resolve(path)).get(
+            "base_model_name_or_path")
     return path
 
 
@@ -218,7 +220,7 @@ def build_policy(cfg: Config, run_dir: str | None = None, mesh: Mesh | None = No
                 tok = env_tokenizer(cfg, d)
     barrier("supo_jax:tokenizer:written")  # the others load process 0's tokenizer
     if tok is None:
-        with storage.local_copy(tok_dir) as d:
+        with storage.local_copy(storage.resolve(tok_dir)) as d:
             tok = load_tokenizer(d)
     vocab = int(math.ceil(len(tok) / 8) * 8)
     mc = tiny_config(m.tiny_family, vocab_size=vocab, hidden=m.tiny_hidden, layers=m.tiny_layers,

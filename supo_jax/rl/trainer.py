@@ -603,7 +603,8 @@ def reference_params(run: Run) -> nnx.State:
             run.policy.save_pretrained(path)     # collective gathers; process 0 writes
         barrier("supo_jax:reference:written")
         return jax.tree.map(jnp.copy, trainable(run.params))   # train_step donates the params
-    if not storage.isfile(storage.join(path, "adapter_config.json" if lora else "config.json")):
+    if not storage.isfile(storage.join(storage.resolve(path),
+                                       "adapter_config.json" if lora else "config.json")):
         raise ConfigError(
             f"loss.kl_coef > 0 needs the run's reference policy, {path}, which this run did not "
             "write (it started without the KL penalty, or with LoRA adapters before supo_jax "
