@@ -138,6 +138,19 @@ def test_state_sized_from_w_solves_what_supo_solves_at_a_wider_w(family):
     assert state["success_rate"] == 1.0 and state["cut_calls"] == 0, state
 
 
+def test_an_actions_budget_beside_a_state_block_sized_from_w_is_w():
+    """ContextConfig.action_tokens: max_action_tokens, plus max_state_tokens where a reply
+    holds a <state> block; sized from W (max_state_tokens 0), W itself (it was
+    max_action_tokens alone: `a + 0 or W` read as `(a + 0) or W`)."""
+    from supo_jax.agent.context import ContextConfig
+
+    assert ContextConfig("supo", 4096, max_action_tokens=256).action_tokens == 256
+    assert ContextConfig("state", 4096, max_action_tokens=256,
+                         max_state_tokens=64).action_tokens == 320
+    assert ContextConfig("state", 4096, max_action_tokens=256).action_tokens == 4096
+    assert ContextConfig("clear", 2048, max_action_tokens=48).action_tokens == 2048
+
+
 def test_the_experts_ceiling_names_what_ran_out_and_cut_actions_are_a_config_error():
     """Before training (train, eval, rollout with a model): the scripted expert under the
     run's settings. fncall/count's own knobs at the recipe's W run out of summaries: one line

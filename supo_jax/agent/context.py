@@ -230,7 +230,9 @@ class ContextConfig:
             return self.max_action_tokens + self.max_summary_tokens
         if not self.state_request:
             return self.max_action_tokens
-        return self.max_action_tokens + self.max_state_tokens or self.working_context
+        if not self.max_state_tokens:          # sized from W: W bounds it
+            return self.working_context
+        return self.max_action_tokens + self.max_state_tokens
 
     def reply_budget(self, fmt: ChatFormat, prompt_len: int) -> int:
         """An action's own budget in a rollout whose initial prompt holds prompt_len tokens:

@@ -262,8 +262,12 @@ def _size_it_solves(cfg: Config, fmt: ChatFormat, n: int = 2) -> int | None:
 
 
 def _action_budget(c: ContextConfig) -> str:
+    """The setting that bounds an action, with its figure."""
+    if c.state_request and not c.max_state_tokens:
+        return ("the reply budget of a <state> block sized from W (context.max_state_tokens=0: "
+                "what L leaves beside each task's prompt and one observation)")
     return "context.max_action_tokens" + (" + context.max_state_tokens"
-                                          if c.state_request else "")
+                                          if c.state_request else "") + f" = {c.action_tokens}"
 
 
 def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
@@ -281,7 +285,7 @@ def scripted_rollouts(cfg: Config, fmt: ChatFormat, tasks: Sequence[dict]):
                       # frozen_summarizer: the expert writes the summaries a frozen one would
                       summarizer=actor if c.manager == "frozen_summarizer" else None)
     if actor.actions and actor.cut_actions == actor.actions:
-        raise ConfigError(f"{_action_budget(c)} = {c.action_tokens}: every action of the scripted "
+        raise ConfigError(f"{_action_budget(c)}: every action of the scripted "
                           f"expert on {name} was cut at it ({actor.actions} of {actor.actions}), "
                           f"so none parses under context.manager={c.manager}; raise it")
     return ro, actor
