@@ -64,6 +64,10 @@ TPU quirks met in real libtpu output (tests/test_hlo_cost.py parses some):
 - reduce-scatter is a kCustom "all-reduce-scatter" fusion: an all-reduce whose result is only
   dynamic-sliced (emitter AllReduceScatterFusion); counted as a reduce-scatter.
 - replica_groups are printed as mesh['axis_0'=4,'axis_1'=1] {'axis_0'}.
+- Ironwood (TPU7x) offloads collectives to its SparseCores: `call-start(...),
+  async_execution_thread="sparsecore", to_apply=%c` runs %c (rooted in the all-gather) beside
+  the TensorCore's work, `call-done` ends it; the call is walked as a call (its collective
+  counts once), and the PrepareAsyncCall custom calls around it move nothing.
 - memory-space assignment prefetches into VMEM with copy-start / slice-start (counted: the
   result read and written once).
 """
@@ -584,11 +588,13 @@ class _Walker:
 
     def visit(self, comp, ins: Instr, mult: float, acc: _Acc, callers: list):
         op = ins.op
-        here = callers + [(comp, ins)] if op in ("call", "async-start", "conditional") else None
-        called = self.comps.get(ins.attr("to_apply" if op == "call" else "calls") or "")
+        here = (callers + [(comp, ins)] if op in ("call", "async-start", "call-start",
+                                                  "conditional") else None)
+        called = self.comps.get(ins.attr("to_apply" if op in ("call", "call-start")
+                                         else "calls") or "")
         if op == "while":
             self.loop(comp, ins, mult, acc, callers)
-        elif op in ("call", "async-start") and called is not None:
+        elif op in ("call", "async-start", "call-start") and called is not None:
             self.walk(called, mult, acc, here)
         elif op == "conditional":
             self.conditional(ins, mult, acc, here)

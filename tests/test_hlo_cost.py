@@ -346,6 +346,33 @@ ENTRY %main (a: f32[16]) -> (f32[64], f32[16], f32[16]) {
     assert cost.flops == 0 and cost.loops == []
 
 
+def test_sparsecore_offloaded_collectives_count_once():
+    """Ironwood (libtpu for TPU7x) runs all-gathers on its SparseCores: call-start(...,
+    async_execution_thread="sparsecore", to_apply=%c rooted in the all-gather), between
+    PrepareAsyncCall custom calls, and a call-done (the form of a real tpu7x train step). The
+    all-gather counts once, at its group's ring bytes; the plumbing moves nothing."""
+    text = """HloModule m, replica_count=1, num_partitions=8
+
+%called_computation.13 (param_0.1254: f32[1,8,32]) -> f32[1,64,32] {
+  %param_0.1254 = f32[1,8,32]{2,0,1} parameter(0)
+  ROOT %all-gather.118 = f32[1,64,32]{2,0,1} all-gather(%param_0.1254), channel_id=49, replica_groups=mesh['axis_0'=8,'axis_1'=1] {'axis_0'}, dimensions={1}, use_global_device_ids=true, backend_config={"device_type":"DEVICE_TYPE_SPARSECORE"}
+}
+
+ENTRY %main (a: f32[1,8,32]) -> f32[1,64,32] {
+  %a = f32[1,8,32]{2,0,1} parameter(0)
+  %prepare_start = s32[]{:S(2)} custom-call(), custom_call_target="PrepareAsyncCallStart"
+  %prepare_done = token[] custom-call(%prepare_start), custom_call_target="PrepareAsyncCallDone"
+  %cs = ((f32[1,8,32]{2,0,1}, token[]), f32[1,64,32]{2,0,1}) call-start(%a, %prepare_done), async_execution_thread="sparsecore", to_apply=%called_computation.13
+  ROOT %cd = f32[1,64,32]{2,0,1} call-done(%cs)
+}
+"""
+    cost = hlo_cost(text)
+    assert [(c["op"], c["group_size"], c["bytes"]) for c in cost.collectives] == [
+        ("all-gather", 8, 64 * 32 * 4 * 7 / 8)]
+    assert cost.collective_bytes == 64 * 32 * 4 * 7 / 8
+    assert cost.flops == 0
+
+
 def test_offload_moves_count_what_moves_on_the_hbm_side():
     """Remat offload's async moves (TPU: a layer's input into a host buffer of every layer's,
     S(5), and back): a dynamic-update-slice-start moves its update, not the whole buffer it
