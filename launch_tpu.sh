@@ -13,14 +13,15 @@
 # --spot (a Spot TPU VM) or --queued (a queued resource, Spot) creates the slice and stays to
 # watch it: when the slice is preempted or lost, or the run stops preempted (exit 143 or 75), it
 # recreates the slice and starts the same command again, which resumes from train.run_dir (a
-# gs:// bucket, or a disk every new slice mounts); it stops when the run exits 0 (its last step
-# done), exits with the run's status when the run fails otherwise, and gives up after
-# --max-restarts restarts.
+# gs:// bucket, or a disk every new slice mounts); a run that vanishes from worker 0 (no exit
+# status, no process) is started again; it stops when the run exits 0 (its last step done),
+# exits with the run's status when the run fails otherwise, and gives up after
+# --max-restarts restarts (or when a start fails on a READY slice).
 set -euo pipefail
 
 TPU="" ZONE="" PROJECT="" ACCEL="v5litepod-8" RUNTIME="v2-alpha-tpuv5-lite" CREATE=0 DRY=0
 CONFIG="" SETS=() MODE="" MAX_RESTARTS=10 POLL=60
-usage() { sed -n '2,18p' "$0"; exit "${1:-0}"; }
+usage() { sed -n '2,19p' "$0"; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tpu) TPU="$2"; shift 2 ;;
@@ -92,7 +93,10 @@ for s in "${SETS[@]+"${SETS[@]}"}"; do TRAIN+=" --set $(printf '%q' "$s")"; done
 # every worker runs the same command; its log is named by its worker id, and its exit status
 # lands beside it (worker-<i>.exit), which the watcher (--spot / --queued) reads
 WORKER="W=\$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"
-REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && $WORKER && rm -f logs/$TPU/worker-\$W.exit && (trap '' HUP; SUPO_JAX_MULTIHOST=1 $TRAIN > logs/$TPU/worker-\$W.log 2>&1; echo \$? > logs/$TPU/worker-\$W.exit) > /dev/null 2>&1 < /dev/null &"
+REMOTE="cd ~/supo_jax && mkdir -p logs/$TPU && $WORKER && rm -f logs/$TPU/worker-\$W.exit && (trap '' HUP; SUPO_JAX_MULTIHOST=1 $TRAIN > logs/$TPU/worker-\$W.log 2>&1; echo \$? > logs/$TPU/worker-\$W.exit) > /dev/null 2>&1 < /dev/null & echo \$! > logs/$TPU/worker-\$W.pid"
+# what worker 0's run is doing: its exit status once it ended, "running" while its process
+# lives, "lost" when neither (the VM restarted under it, or it never started)
+POLL_CMD="cat ~/supo_jax/logs/$TPU/worker-0.exit 2>/dev/null || { kill -0 \$(cat ~/supo_jax/logs/$TPU/worker-0.pid 2>/dev/null || echo 0) 2>/dev/null && echo running; } || echo lost"
 
 pack() {  # this checkout as git sees it: tracked files and untracked ones it does not
   # ignore (no .venv, caches or runs); a copy outside git: all but .git, runs, venvs, caches
@@ -106,17 +110,18 @@ pack() {  # this checkout as git sees it: tracked files and untracked ones it do
   fi
 }
 
-start() {  # ship this checkout, install it and start the run on every worker
-  run pack
-  run "${GC[@]}" scp "$TARBALL" "$TPU:~/supo_jax.tar.gz" "${LOC[@]}" --worker=all
+start() {  # ship this checkout, install it and start the run on every worker; 1 on a failure
+  run pack || return 1
+  run "${GC[@]}" scp "$TARBALL" "$TPU:~/supo_jax.tar.gz" "${LOC[@]}" --worker=all || return 1
   run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command \
-    "mkdir -p ~/supo_jax && tar -xzf ~/supo_jax.tar.gz -C ~/supo_jax && cd ~/supo_jax && pip install -q -e \".[tpu]\""
-  run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command "$REMOTE"
+    "mkdir -p ~/supo_jax && tar -xzf ~/supo_jax.tar.gz -C ~/supo_jax && cd ~/supo_jax && pip install -q -e \".[tpu]\"" \
+    || return 1
+  run "${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=all --command "$REMOTE" || return 1
 }
 
 if [[ -z "$MODE" ]]; then
   [[ $CREATE -eq 1 ]] && create
-  start
+  start || { echo "launch_tpu.sh: starting the run on $TPU failed (the command above)" >&2; exit 1; }
   if [[ $DRY -eq 1 ]]; then
     echo "dry run: nothing was started on $TPU"
   else
@@ -127,34 +132,69 @@ fi
 
 # --spot / --queued: create, start, watch; recreate and restart after a preemption
 restarts=0
+LOST_POLLS=2          # polls that find no run (no exit status, no live process) before it is lost
+UNREACHABLE_POLLS=10  # polls that cannot reach worker 0 on a READY slice before giving up
 if [[ $DRY -eq 1 || "$(slice_state)" != READY ]]; then create; fi
 while true; do
-  start
-  if [[ $DRY -eq 1 ]]; then
-    echo "dry run: nothing was started on $TPU; then every $POLL s: the slice's state" \
-         "(describe) and worker 0's exit status (logs/$TPU/worker-0.exit); on a preemption:"
-    remove; create
-    echo "and start again (at most $MAX_RESTARTS restarts)"
-    exit 0
-  fi
-  echo "started on all workers of $TPU (restart $restarts of at most $MAX_RESTARTS); watching"
-  while true; do
-    sleep "$POLL"
-    code=$("${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=0 --command \
-           "cat ~/supo_jax/logs/$TPU/worker-0.exit 2>/dev/null || true" 2>/dev/null || true)
-    code="${code//[^0-9]/}"
+  if [[ $DRY -eq 0 ]] && ! start; then
     state=$(slice_state)
-    if [[ "$code" == 0 ]]; then echo "the run on $TPU finished"; exit 0; fi
-    if [[ -n "$code" && "$code" != 143 && "$code" != 75 ]]; then
-      echo "launch_tpu.sh: the run on $TPU failed (exit $code); see its logs" >&2; exit "$code"
+    if [[ "$state" == READY ]]; then
+      echo "launch_tpu.sh: starting the run on $TPU failed on a READY slice (the command" \
+           "above); giving up" >&2
+      exit 1
     fi
-    [[ -n "$code" || "$state" != READY ]] && break   # preempted: the run, or the slice
-  done
+    why="slice $state while starting"
+  else
+    if [[ $DRY -eq 1 ]]; then
+      start
+      echo "dry run: nothing was started on $TPU; then every $POLL s: the slice's state" \
+           "(describe) and worker 0's run (logs/$TPU/worker-0.exit, .pid); on a preemption:"
+      remove; create
+      echo "and start again (at most $MAX_RESTARTS restarts)"
+      exit 0
+    fi
+    echo "started on all workers of $TPU (restart $restarts of at most $MAX_RESTARTS); watching"
+    lost=0 unreachable=0 why=""
+    while [[ -z "$why" ]]; do
+      sleep "$POLL"
+      got=$("${GC[@]}" ssh "$TPU" "${LOC[@]}" --worker=0 --command "$POLL_CMD" 2>/dev/null || true)
+      got="${got//[^a-z0-9]/}"
+      code="${got//[^0-9]/}"
+      state=$(slice_state)
+      if [[ "$got" == "$code" && -n "$code" ]]; then     # the run's exit status
+        if [[ "$code" == 0 ]]; then echo "the run on $TPU finished"; exit 0; fi
+        if [[ "$code" != 143 && "$code" != 75 ]]; then
+          echo "launch_tpu.sh: the run on $TPU failed (exit $code); see its logs" >&2; exit "$code"
+        fi
+        why="run exit $code"
+        # a Spot VM's SIGTERM comes before its state turns: wait a poll for it to say so
+        sleep "$POLL"; state=$(slice_state)
+      elif [[ "$state" != READY ]]; then
+        why="slice $state"
+      elif [[ "$got" == lost ]]; then
+        lost=$((lost + 1)); unreachable=0
+        [[ $lost -ge $LOST_POLLS ]] && why="no run on worker 0 (no exit status, no process)"
+      elif [[ "$got" == running ]]; then
+        lost=0; unreachable=0
+      else
+        unreachable=$((unreachable + 1)); lost=0
+        if [[ $unreachable -ge $UNREACHABLE_POLLS ]]; then
+          echo "launch_tpu.sh: worker 0 of $TPU (READY) did not answer $unreachable polls in a" \
+               "row; giving up (the run may still be going: see its logs)" >&2
+          exit 1
+        fi
+      fi
+    done
+  fi
   restarts=$((restarts + 1))
   if [[ $restarts -gt $MAX_RESTARTS ]]; then
-    echo "launch_tpu.sh: $TPU was preempted $restarts times; giving up (--max-restarts)" >&2
+    echo "launch_tpu.sh: $TPU was preempted or lost $restarts times; giving up (--max-restarts)" >&2
     exit 1
   fi
-  echo "preempted (slice $state${code:+, run exit $code}): recreating $TPU"
-  if [[ "$state" != READY ]]; then remove; create; fi
+  if [[ "$state" != READY ]]; then
+    echo "preempted ($why): recreating $TPU"
+    remove; create
+  else
+    echo "stopped ($why) on a READY slice: starting the run again on $TPU"
+  fi
 done

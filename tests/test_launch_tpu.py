@@ -49,18 +49,30 @@ case "$a" in
   "compute tpus tpu-vm delete "*|"compute tpus queued-resources delete "*) rm -f "$d/state" "$d/qr" ;;
   "compute tpus tpu-vm describe "*) [[ -f "$d/state" ]] || exit 1; cat "$d/state" ;;
   "compute tpus queued-resources describe "*) cat "$d/qr" ;;
+  "compute tpus tpu-vm scp "*)   # sigterm_ready: the VM dies under the next start
+    if [[ -f "$d/dying" ]]; then rm -f "$d/dying"; echo PREEMPTED > "$d/state"; exit 255; fi ;;
   "compute tpus tpu-vm ssh "*)
     [[ "$(cat "$d/state" 2>/dev/null)" == READY ]] || exit 255
     if [[ "$a" == *"supo-jax train"* ]]; then
-      rm -f "$d/exit"; echo x >> "$d/starts"
-      if [[ $(wc -l < "$d/starts") -eq 1 ]]; then echo PREEMPTED > "$d/state"
-      else echo "${FAKE_RUN_EXIT:-0}" > "$d/exit"; fi
-    elif [[ "$a" == *"worker-0.exit"* ]]; then cat "$d/exit" 2>/dev/null || true; fi ;;
+      rm -f "$d/exit"; echo x >> "$d/starts"; n=$(wc -l < "$d/starts")
+      case "${FAKE_SCENARIO:-}" in
+        # the run is SIGTERMed (exit 143) while the slice still reads READY
+        sigterm_ready) if [[ $n -eq 1 ]]; then echo 143 > "$d/exit"; touch "$d/dying"
+                       else echo 0 > "$d/exit"; fi ;;
+        # the run vanishes: no exit status, no process (a VM restarted under it)
+        lost) if [[ $n -eq 1 ]]; then touch "$d/lost"; else rm -f "$d/lost"; echo 0 > "$d/exit"; fi ;;
+        *) if [[ $n -eq 1 ]]; then echo PREEMPTED > "$d/state"
+           else echo "${FAKE_RUN_EXIT:-0}" > "$d/exit"; fi ;;
+      esac
+    elif [[ "$a" == *"worker-0.exit"* ]]; then   # the watcher's poll
+      if [[ -f "$d/exit" ]]; then cat "$d/exit"; elif [[ -f "$d/lost" ]]; then echo lost
+      else echo running; fi
+    fi ;;
 esac
 '''
 
 
-def _launch(tmp_path, mode, run_exit=0):
+def _launch(tmp_path, mode, run_exit=0, scenario=""):
     bin_dir, state = tmp_path / "bin", tmp_path / "gcloud"
     bin_dir.mkdir()
     state.mkdir()
@@ -68,7 +80,8 @@ def _launch(tmp_path, mode, run_exit=0):
     (bin_dir / "gcloud").chmod(0o755)
     tpu = f"fake-{mode}-{os.getpid()}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "FAKE_GCLOUD_DIR": str(state), "FAKE_RUN_EXIT": str(run_exit)}
+           "FAKE_GCLOUD_DIR": str(state), "FAKE_RUN_EXIT": str(run_exit),
+           "FAKE_SCENARIO": scenario}
     try:
         r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--tpu", tpu, "--zone",
                             "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", "3",
@@ -106,6 +119,29 @@ def test_a_preempted_slice_is_recreated_and_the_same_run_started_again(tmp_path,
     assert "train.run_dir=gs://bucket/run" in starts[0]
     assert _count(calls, "tpu-vm scp") == 2
     assert "preempted (slice PREEMPTED): recreating" in r.stdout
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_sigterm_before_the_slice_turns_and_a_start_on_a_dying_vm(tmp_path):
+    """The run exits 143 (a Spot VM's SIGTERM) while the slice still reads READY, and the VM
+    dies under the next start (its scp fails): the launcher does not die with gcloud's
+    error; it sees the slice preempted, recreates it and starts again."""
+    r, calls = _launch(tmp_path, "spot", scenario="sigterm_ready")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped (run exit 143) on a READY slice: starting the run again" in r.stdout
+    assert "preempted (slice PREEMPTED while starting): recreating" in r.stdout
+    assert _count(calls, "tpu-vm create") == 2 and _count(calls, "tpu-vm delete") == 1
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_run_that_vanishes_is_started_again_not_watched_forever(tmp_path):
+    """No exit status and no live process on worker 0 (the VM restarted under the run) for
+    two polls: the run is lost, and the launcher starts it again on the READY slice."""
+    r, calls = _launch(tmp_path, "spot", scenario="lost")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped (no run on worker 0 (no exit status, no process)) on a READY slice" in r.stdout
+    assert len([c for c in calls if "supo-jax train" in c]) == 2
+    assert _count(calls, "tpu-vm delete") == 0
     assert r.stdout.rstrip().endswith("finished")
 
 
