@@ -138,6 +138,25 @@ def test_state_sized_from_w_solves_what_supo_solves_at_a_wider_w(family):
     assert state["success_rate"] == 1.0 and state["cut_calls"] == 0, state
 
 
+def test_a_task_whose_prompt_does_not_fit_stops_the_run_at_start_not_only_the_first():
+    """fncall/graph under `state` at W = 406: the first task's prompt leaves room for a state
+    block, a later one's does not (its rollout would end at once as context_limit, trained on
+    as a failure): the start-up check renders a sample of tasks and stops on it."""
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import start_state
+    from supo_jax.config import load_config
+    from supo_jax.envs import make_env, make_tasks
+    from supo_jax.rl.runs import check_prompt_fits, env_tokenizer
+
+    cfg = load_config(None, ["env.name=fncall/graph", "context.manager=state",
+                             "context.working_context=406"])
+    fmt = ChatFormat(env_tokenizer(cfg))
+    first = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed)[0]
+    start_state(fmt, cfg.context, make_env(cfg.env.name).reset(first))    # the first fits
+    with pytest.raises(ValueError, match=r"context.manager=state at W = 406 leaves"):
+        check_prompt_fits(cfg, fmt)
+
+
 def test_an_actions_budget_beside_a_state_block_sized_from_w_is_w():
     """ContextConfig.action_tokens: max_action_tokens, plus max_state_tokens where a reply
     holds a <state> block; sized from W (max_state_tokens 0), W itself (it was

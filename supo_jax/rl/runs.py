@@ -244,16 +244,22 @@ def model_fingerprint(policy: Policy) -> str:
     return hashlib.sha1(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
 
 
+PROMPT_SAMPLE = 16    # tasks whose initial prompts check_prompt_fits renders
+
+
 def check_prompt_fits(cfg: Config, fmt: ChatFormat, split: str = "train") -> None:
-    """Fail at start (a ValueError naming context.working_context) when the first task's
-    initial prompt, rendered with the policy's tokenizer, does not fit the working context;
-    say so when the chat template leaves the environment's tools out of the prompt."""
+    """Fail at start (a ValueError naming context.working_context) when the initial prompt of
+    any of the first PROMPT_SAMPLE tasks (their sizes vary with the knobs), rendered with the
+    policy's tokenizer, does not fit the working context (a task that does not would end its
+    rollout at once, counted as context_limit); say so when the chat template leaves the
+    environment's tools out of the prompt."""
     from supo_jax.envs import make_env, make_tasks
 
     knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
-    task = make_tasks(cfg.env.name, split, 1, seed=cfg.env.seed, **knobs)[0]
-    rs = make_env(cfg.env.name).reset(task)
-    start_state(fmt, cfg.context, rs)
+    env = make_env(cfg.env.name)
+    for task in make_tasks(cfg.env.name, split, PROMPT_SAMPLE, seed=cfg.env.seed, **knobs):
+        rs = env.reset(task)
+        start_state(fmt, cfg.context, rs)
     if rs.tools and not fmt.renders_tools:
         print("note: the model's chat template does not render the tools, so the policy is not "
               "told their names, arguments or call format beyond what the task prompt says; "
