@@ -779,16 +779,19 @@ def _phases(rep: dict) -> dict:
 # Fitted by benchmarks/calibration.py (benchmarks/results/calibration.json, fit_calibration; a
 # test checks these values against that file). Train: MaxText's train steps (tpu-recipes,
 # trillium: Llama-3.1-8B on v6e-8, v6e-16 and v6e-256, Mistral-7B on v6e-8, Llama-3.1-70B on
-# v6e-32, each at the recipe's remat and collective-matmul settings, 1.32-1.39x each; ironwood:
-# Llama-3.1-70B on tpu7x-128 and tpu7x-512, 1.18x and 1.20x), one factor for both generations,
-# each point within 12.1% of its time when left out of the fit (the Ironwood ones the worst). Decode: JetStream's serving
+# v6e-32, each at the recipe's remat and collective-matmul settings), 1.32-1.39x each, each
+# point within 6.6% of its time when left out of the fit. Ironwood has a fit of its own
+# (TRAIN_CALIBRATIONS; ironwood: Llama-3.1-70B on tpu7x-128 and tpu7x-512): its measured steps
+# run faster than the planner's no-overlap time (the SparseCores run the collectives beside
+# the TensorCores' compute), which one shared factor would miss by a third. Decode: JetStream's serving
 # throughput (jetstream-pytorch benchmarks/summary.md: Llama-3-8B at 128 rows, Llama-2-7B at
 # 96, 2048 cache slots, v5e-8, model parallel), 1.60x and 1.36x (a serving loop adds the
 # prompts' prefills between steps, idle rows, the host), each within 18% left out. Every
 # published point lies beyond the planner's band: a factor on its slow end, not a fraction of
 # it. (The decode points fit a constant 8 ms a step beyond the bound as well, but carried to a
 # small model's 0.01 ms step a constant would make it 800x slower; a factor does not.)
-TRAIN_CALIBRATION = 1.306
+TRAIN_CALIBRATION = 1.353
+TRAIN_CALIBRATIONS = {"tpu7x": 0.982}     # generations with a train fit of their own
 DECODE_CALIBRATION = 1.479
 
 
@@ -823,9 +826,19 @@ DECODES = ("decode", "decode_training_layout", "decode_host_copy")
 FORWARDS = ("train_step", "recompute_logprobs", "prefill")
 
 
+def train_calibration(topology: str | None) -> tuple[float, str]:
+    """(factor, its name) for the forward passes on a slice: its generation's own fit where it
+    has one (TRAIN_CALIBRATIONS), else the shared TRAIN_CALIBRATION."""
+    gen = TOPOLOGIES[topology][0].split(":")[0] if topology in TOPOLOGIES else None
+    if gen in TRAIN_CALIBRATIONS:
+        return TRAIN_CALIBRATIONS[gen], f"TRAIN_CALIBRATIONS['{gen}']"
+    return TRAIN_CALIBRATION, "TRAIN_CALIBRATION"
+
+
 def calibrate(rep: dict) -> None:
     """Each compiled program's calibrated time in place: `calibrated_seconds` and
     `calibrated_by` (what it was calibrated on)."""
+    train, train_name = train_calibration(rep.get("topology"))
     for name, p in rep["programs"].items():
         if "estimated_seconds" not in p:
             continue
@@ -834,8 +847,8 @@ def calibrate(rep: dict) -> None:
             t = calibrated_seconds(p, DECODE_CALIBRATION)
             by = "JetStream's decode: the no-overlap time x DECODE_CALIBRATION"
         elif name in FORWARDS:
-            t = calibrated_seconds(p, TRAIN_CALIBRATION)
-            by = ("MaxText's train steps: the no-overlap time x TRAIN_CALIBRATION"
+            t = calibrated_seconds(p, train)
+            by = (f"MaxText's train steps: the no-overlap time x {train_name}"
                   + ("" if name == "train_step" else " (no published point of its own: the "
                      "train step's)"))
         if t is None:

@@ -339,15 +339,24 @@ def test_planner_calibration_is_the_committed_fit():
     """supo_jax.plan.TRAIN_CALIBRATION is the fit of benchmarks/results/calibration.json's
     compiled points (what `python benchmarks/calibration.py` wrote), and the file's
     leave-one-out figures are that fit's."""
-    from supo_jax.plan import DECODE_CALIBRATION, TRAIN_CALIBRATION, fit_calibration
+    from supo_jax.plan import (DECODE_CALIBRATION, TRAIN_CALIBRATION, TRAIN_CALIBRATIONS,
+                               fit_calibration, generation)
     sys.path.insert(0, BENCH)
     import calibration
 
     res = json.load(open(os.path.join(BENCH, "results", "calibration.json")))["results"]
     ok = [r for r in res["rows"] if "error" not in r and not r.get("smoke")]
-    rows = [r for r in ok if r["point"] in calibration.POINTS]
+    rows = [r for r in ok if r["point"] in calibration.POINTS
+            and generation(r["topology"]) not in calibration.OWN_FIT]
     fit = fit_calibration(rows)
     assert len(rows) >= 2 and TRAIN_CALIBRATION == pytest.approx(fit["factor"], abs=5e-3)
+    # a generation with a fit of its own: its points' (the committed file's, and the planner's)
+    assert set(TRAIN_CALIBRATIONS) == set(res["generation_fits"]) == set(calibration.OWN_FIT)
+    for gen, factor in TRAIN_CALIBRATIONS.items():
+        own = fit_calibration([r for r in ok if r["point"] in calibration.POINTS
+                               and generation(r["topology"]) == gen])
+        assert len(own["factors"]) >= 2 and factor == pytest.approx(own["factor"], abs=5e-3)
+        assert res["generation_fits"][gen]["factor"] == pytest.approx(own["factor"])
     for name, f in (("fit", fit), ("decode_fit", fit_calibration(
             [r for r in ok if r["point"] in calibration.DECODE_POINTS]))):
         assert [x["point"] for x in res[name]["leave_one_out"]] == [

@@ -569,3 +569,9 @@ def test_fit_calibration_by_hand():
     assert got == pytest.approx({"train_step": 2.0 * plan.TRAIN_CALIBRATION,
                                  "prefill": 2.0 * plan.TRAIN_CALIBRATION,
                                  "decode": 2.0 * plan.DECODE_CALIBRATION, "to_serving": 2.0})
+    # a slice of a generation with a train fit of its own (Ironwood) takes that one
+    rep = {"topology": "tpu7x-8", "programs": {"train_step": dict(prog)}}
+    plan.calibrate(rep)
+    assert rep["programs"]["train_step"]["calibrated_seconds"] == pytest.approx(
+        2.0 * plan.TRAIN_CALIBRATIONS["tpu7x"]) != 2.0 * plan.TRAIN_CALIBRATION
+    assert "TRAIN_CALIBRATIONS['tpu7x']" in rep["programs"]["train_step"]["calibrated_by"]
