@@ -670,14 +670,14 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                 cfg, mc, graphdef, params, mesh,
                 sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
                              mesh))[0]["decode"]))
-        def program(name, m, prog):
+        def program(name, m, prog, dump_as=None):
             fn, args, kwargs = prog or (None, None, None)
             t0 = time.perf_counter()
             try:
                 if name == "to_serving":
                     return {**_to_serving(mesh, params, smesh, cdt, chip, peak, dump),
                             "compile_seconds": time.perf_counter() - t0}
-                compiled = _compile(name, fn, args, kwargs, m, dump)
+                compiled = _compile(dump_as or name, fn, args, kwargs, m, dump)
             except Exception as e:   # noqa: BLE001  (XLA / Mosaic refusing the program is the finding)
                 return {"fits": False, "error": f"{type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0][:400]}",
@@ -716,7 +716,9 @@ def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
     {configured, picked (None: none fits), tried: [{remat, bytes or error}], program: the
     picked one's figures}."""
     configured = cfg.model.remat
-    start = REMAT_BY_MEMORY.index(configured if configured in REMAT_BY_MEMORY else "full")
+    # auto resolves by the model's size and the chip's memory (Decoder.remat_mode) to none,
+    # dots, full or offload: every policy that keeps less than none is tried
+    start = REMAT_BY_MEMORY.index(configured if configured in REMAT_BY_MEMORY else "none")
 
     def tried(remat, p):
         return {"remat": remat, "bytes": p.get("bytes_per_chip", {}).get("total"),
@@ -724,7 +726,8 @@ def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
     out = {"configured": configured, "picked": None, "tried": [tried(configured, first)]}
     for remat in REMAT_BY_MEMORY[start + 1:]:
         c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
-        p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"])
+        p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"],
+                    f"train_step.remat-{remat}")
         out["tried"].append(tried(remat, p))
         if p["fits"]:
             out.update(picked=remat, program={**p, "remat": remat})
@@ -1051,7 +1054,9 @@ def format_plan(rep: dict) -> str:
             lines.append(f"{name}: DOES NOT COMPILE ({p['error']})")
             continue
         b = p["bytes_per_chip"]
-        lines.append(f"{name}: {'fits' if p['fits'] else 'DOES NOT FIT'} "
+        picked = (f" at model.remat={p['remat']}, not the configured "
+                  f"{rep['remat']['configured']}, which does not fit" if "remat" in p else "")
+        lines.append(f"{name}: {'fits' if p['fits'] else 'DOES NOT FIT'}{picked} "
                      f"(compiled in {p['compile_seconds']:.1f} s)")
         for k in ("argument", "output", "alias", "temp", "code", "total"):
             lines.append(f"  {k + ' bytes/chip':24s} {_gib(b[k]):>14s}"

@@ -5,6 +5,7 @@ count, the serving layout's interconnect bytes a decode step against the trainin
 and no figure beyond the chip's published peak or bandwidth."""
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -231,13 +232,24 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     ts = rep["programs"]["train_step"]
     assert ts["remat"] == "dots" and ts["fits"] and rep["fits"]
     assert ts["bytes_per_chip"]["total"] == rm["tried"][1]["bytes"]
-    assert "the plan picked remat=dots" in P.format_plan(rep)
+    text = P.format_plan(rep)
+    assert "the plan picked remat=dots" in text
+    assert ("train_step: fits at model.remat=dots, not the configured none, which does not fit"
+            in text)
     monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 1 << 20)      # nothing fits in 1 MiB
+    dump = tmp_path / "hlo"
     rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=256", "model.remat=full"),
-                 "v5litepod-4", model_config=path, programs=("train_step",))
+                 "v5litepod-4", model_config=path, programs=("train_step",), dump=str(dump))
     assert rep["remat"]["picked"] is None and not rep["fits"]
     assert [t["remat"] for t in rep["remat"]["tried"]] == ["full", "offload"]
     assert "no remat policy fits" in P.format_plan(rep)
+    # the dumped train_step is the one reported (full); each other try under its own name
+    assert sorted(os.listdir(dump)) == ["train_step.hlo.txt", "train_step.remat-offload.hlo.txt"]
+    assert "S(5)" not in (dump / "train_step.hlo.txt").read_text()       # no host offload
+    # auto may resolve to any policy: every one that keeps less than none is tried
+    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=256", "model.remat=auto"),
+                 "v5litepod-4", model_config=path, programs=("train_step",))
+    assert [t["remat"] for t in rep["remat"]["tried"]] == ["auto", "dots", "full", "offload"]
 
 
 @pytest.mark.slow
