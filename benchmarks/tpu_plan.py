@@ -260,7 +260,9 @@ def markdown(res: dict) -> str:
            "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
            "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
            "no overlap / calibrated (each program's calibrated time; the serving copy at no "
-           "overlap), and the whole run's chip-hours at the calibrated figure.", "",
+           "overlap), and the whole run's chip-hours at the calibrated figure. On Ironwood (tpu7x) "
+           "a chip's two TensorCores are two devices: its rows' per-chip figures are a "
+           "device's, and its chip-hours count chips.", "",
            "| setup | slice | chips | serving layout | rollout phase GiB / chip | update phase "
            "GiB / chip | fits | train step: bound, est. MFU | decode, training layout: bound, "
            "tok/s/chip, ICI MiB a step | decode, serving layout: bound, tok/s/chip, ICI MiB a "
@@ -289,7 +291,9 @@ def markdown(res: dict) -> str:
                     + f", {e[ici] / 2**20:,.1f}" if rate in e else x["bound"])
         ts = p.get("train_step", {})
         sv = r.get("serving", {})
-        cells = [r["what"], r["topology"], str(r["chips"]),
+        k = r.get("devices_per_chip", 1)      # Ironwood: 2 devices (TensorCores) a chip
+        cells = [r["what"], r["topology"],
+                 str(r["chips"]) if k == 1 else f"{r['chips']} devices ({r['chips'] // k} chips)",
                  f"{sv['mesh']['data']} x {sv['tensor']}" if sv else "-",
                  phase("rollout"), phase("update"), "yes" if r["fits"] else "**no**",
                  err("train_step") or (f"{ts['bound']}{_floor(ts)}, "
