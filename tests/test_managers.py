@@ -2,6 +2,7 @@
 built-in fncall family as `supo-jax rollout --env fncall/<family> --policy scripted --context
 <manager>` runs it (the family's own knobs, the config's tokenizer), the scripted expert."""
 import functools
+import re
 
 import pytest
 
@@ -138,10 +139,11 @@ def test_state_sized_from_w_solves_what_supo_solves_at_a_wider_w(family):
     assert state["success_rate"] == 1.0 and state["cut_calls"] == 0, state
 
 
-def test_a_task_whose_prompt_does_not_fit_stops_the_run_at_start_not_only_the_first():
+def test_tasks_whose_prompt_does_not_fit_are_said_at_start_not_only_the_first(capsys):
     """fncall/graph under `state` at W = 406: the first task's prompt leaves room for a state
-    block, a later one's does not (its rollout would end at once as context_limit, trained on
-    as a failure): the start-up check renders a sample of tasks and stops on it."""
+    block, later ones' do not (their rollouts would end at once as context_limit, trained on
+    as failures): the start-up check renders a sample of tasks and says how many, in one
+    line; a first task that does not fit stops the run, as before."""
     from supo_jax.agent.render import ChatFormat
     from supo_jax.agent.rollout import start_state
     from supo_jax.config import load_config
@@ -153,8 +155,13 @@ def test_a_task_whose_prompt_does_not_fit_stops_the_run_at_start_not_only_the_fi
     fmt = ChatFormat(env_tokenizer(cfg))
     first = make_tasks(cfg.env.name, "train", 1, seed=cfg.env.seed)[0]
     start_state(fmt, cfg.context, make_env(cfg.env.name).reset(first))    # the first fits
-    with pytest.raises(ValueError, match=r"context.manager=state at W = 406 leaves"):
-        check_prompt_fits(cfg, fmt)
+    check_prompt_fits(cfg, fmt)
+    said = capsys.readouterr().out
+    assert re.search(r"note: \d+ of the first 16 train tasks do not fit \(their rollouts end "
+                     r"at once, as context_limit\): context.manager=state at W = 406 leaves", said)
+    with pytest.raises(ValueError, match=r"context.manager=state at W = 380 leaves"):
+        check_prompt_fits(load_config(None, ["env.name=fncall/graph", "context.manager=state",
+                                             "context.working_context=380"]), fmt)
 
 
 def test_an_actions_budget_beside_a_state_block_sized_from_w_is_w():

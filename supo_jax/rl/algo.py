@@ -123,8 +123,8 @@ def behaviour_weights(prox_logp, behav_logp, mask, correction: str, cap: float):
     clipped-surrogate terms alike, so it multiplies that token's advantage (the KL and
     entropy terms are not weighed)."""
     mask = np.asarray(mask, np.float32)
-    if correction == "none":
-        return np.ones_like(mask), mask, {}
+    if correction in ("none", "auto"):   # auto: a LossConfig no run config resolved (no
+        return np.ones_like(mask), mask, {}     # partial rollouts, so none)
     trained = mask > 0
     w = np.exp(np.asarray(prox_logp, np.float64) - np.asarray(behav_logp, np.float64))
     over = (w > cap) & trained

@@ -248,18 +248,27 @@ PROMPT_SAMPLE = 16    # tasks whose initial prompts check_prompt_fits renders
 
 
 def check_prompt_fits(cfg: Config, fmt: ChatFormat, split: str = "train") -> None:
-    """Fail at start (a ValueError naming context.working_context) when the initial prompt of
-    any of the first PROMPT_SAMPLE tasks (their sizes vary with the knobs), rendered with the
-    policy's tokenizer, does not fit the working context (a task that does not would end its
-    rollout at once, counted as context_limit); say so when the chat template leaves the
-    environment's tools out of the prompt."""
+    """Fail at start (a ValueError naming context.working_context) when the first task's
+    initial prompt, rendered with the policy's tokenizer, does not fit the working context;
+    say in one line how many of the first PROMPT_SAMPLE tasks (their sizes vary with the
+    knobs) do not fit (each such rollout ends at once, counted as context_limit); say so when
+    the chat template leaves the environment's tools out of the prompt."""
     from supo_jax.envs import make_env, make_tasks
 
     knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
     env = make_env(cfg.env.name)
-    for task in make_tasks(cfg.env.name, split, PROMPT_SAMPLE, seed=cfg.env.seed, **knobs):
-        rs = env.reset(task)
-        start_state(fmt, cfg.context, rs)
+    tasks = make_tasks(cfg.env.name, split, PROMPT_SAMPLE, seed=cfg.env.seed, **knobs)
+    rs = env.reset(tasks[0])
+    start_state(fmt, cfg.context, rs)
+    over = []
+    for task in tasks[1:]:
+        try:
+            start_state(fmt, cfg.context, env.reset(task))
+        except ValueError as e:
+            over.append(str(e))
+    if over:
+        print(f"note: {len(over)} of the first {len(tasks)} {split} tasks do not fit (their "
+              f"rollouts end at once, as context_limit): {over[0]}")
     if rs.tools and not fmt.renders_tools:
         print("note: the model's chat template does not render the tools, so the policy is not "
               "told their names, arguments or call format beyond what the task prompt says; "
