@@ -816,8 +816,13 @@ class _Walker:
 
     @staticmethod
     def is_view(comp: Computation, p: Instr) -> bool:
-        """comp's root is `p` or a bitcast of it (a fusion that only reinterprets p)."""
+        """comp's root is `p`, a bitcast of it, or a copy of it (a nested fusion that only
+        reinterprets p, or changes its layout: libtpu for Ironwood relayouts a layer scan's
+        stacked weights in a nested copy fusion whose result is then sliced; inside the
+        outer fusion nothing is materialized, and only what the slice takes is read)."""
         root = _source(comp, comp.root.name) if comp.root is not None else None
+        if root is not None and root.op == "copy" and root.operands:
+            root = _source(comp, root.operands[0])
         return root is not None and root.name == p.name
 
     def output_bytes(self, comp: Computation, shape) -> tuple[float, float]:
