@@ -246,10 +246,13 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     # the dumped train_step is the one reported (full); each other try under its own name
     assert sorted(os.listdir(dump)) == ["train_step.hlo.txt", "train_step.remat-offload.hlo.txt"]
     assert "S(5)" not in (dump / "train_step.hlo.txt").read_text()       # no host offload
-    # auto may resolve to any policy: every one that keeps less than none is tried
-    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=256", "model.remat=auto"),
-                 "v5litepod-4", model_config=path, programs=("train_step",))
-    assert [t["remat"] for t in rep["remat"]["tried"]] == ["auto", "dots", "full", "offload"]
+    # auto may resolve to any policy: every one that keeps less than none is tried (the
+    # search alone, its compiles stubbed: each policy's program does not fit)
+    monkeypatch.setattr(P, "_train_programs", lambda *a: ({"train_step": None},))
+    got = P._pick_remat(_cfg("model.remat=auto"), None, None, {"fits": False},
+                        lambda *a: {"fits": False})
+    assert [t["remat"] for t in got["tried"]] == ["auto", "dots", "full", "offload"]
+    assert got["picked"] is None
 
 
 @pytest.mark.slow
