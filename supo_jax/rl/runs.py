@@ -165,9 +165,9 @@ def adapter_base(cfg: Config) -> str | None:
     path = cfg.train.init_from or cfg.model.path
     if not path or cfg.model.lora_base_dtype:
         return None
-    if storage.isfile(storage.join(storage.resolve(path), "adapter_config.json")):
-        return cfg.model.path or read_peft_config(storage.resolve(path)).get(
-            "base_model_name_or_path")
+    export = storage.resolve(path)     # a bucket's export: its current version
+    if storage.isfile(storage.join(export, "adapter_config.json")):
+        return cfg.model.path or read_peft_config(export).get("base_model_name_or_path")
     return path
 
 
