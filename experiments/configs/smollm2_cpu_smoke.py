@@ -34,7 +34,10 @@ def config() -> Config:
     path = gguf_path()
     return Config(
         model=ModelSection(path=path, dtype="float32"),
-        env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=1),
+        # the final eval samples 4 tasks at the rollouts' temperature: their 4 sampler rows and
+        # their sampling, so it runs the programs the steps compiled (a greedy eval of 1 task
+        # compiled its own: 20 s on CPU)
+        env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=4),
         # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
         context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
                               max_action_tokens=24, max_summary_tokens=24,
@@ -48,7 +51,7 @@ def config() -> Config:
         # tokenizer, so at 24 every one is cut (a config error for a run meant to solve the
         # task; this one times the real-model path, and its untrained policy's short actions)
         train=TrainSection(steps=2, save_every=2, keep=1, eval_every=0, eval_before=False,
-                           expert_ceiling=0,
+                           expert_ceiling=0, eval_temperature=1.0, eval_samples=1,
                            sft_warm_start=False, run_dir="runs/smollm2_cpu_smoke",
                            progress=False),
     )
