@@ -16,12 +16,15 @@
 # gs:// bucket, or a disk every new slice mounts); a run that vanishes from worker 0 (no exit
 # status, no process) is started again; it stops when the run exits 0 (its last step done),
 # exits with the run's status when the run fails otherwise, and gives up after
-# --max-restarts restarts (or when a start fails on a READY slice).
+# --max-restarts restarts. A slice is deleted only when gcloud says it is PREEMPTED,
+# TERMINATED or gone, never when gcloud fails to answer (retried, then watched on); a failed
+# creation (a Spot stock-out, a FAILED queued resource) or start is retried with backoff,
+# each try counted as a restart.
 set -euo pipefail
 
 TPU="" ZONE="" PROJECT="" ACCEL="v5litepod-8" RUNTIME="v2-alpha-tpuv5-lite" CREATE=0 DRY=0
 CONFIG="" SETS=() MODE="" MAX_RESTARTS=10 POLL=60
-usage() { sed -n '2,19p' "$0"; exit "${1:-0}"; }
+usage() { sed -n '2,22p' "$0"; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tpu) TPU="$2"; shift 2 ;;
@@ -58,6 +61,8 @@ LOC=(--zone "$ZONE")
 [[ -n "$PROJECT" ]] && LOC+=(--project "$PROJECT")
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TARBALL="/tmp/supo_jax_${TPU}.tar.gz"
+ERR="$(mktemp)"   # gcloud's stderr, read to tell "not found" from an API error
+trap 'rm -f "$ERR"' EXIT
 
 create() {  # the slice: on demand (--create), a Spot VM (--spot) or a queued resource (--queued)
   case "$MODE" in
@@ -65,7 +70,7 @@ create() {  # the slice: on demand (--create), a Spot VM (--spot) or a queued re
             --spot ;;
     queued)
       run "${QR[@]}" create "$TPU" "${LOC[@]}" --node-id "$TPU" --accelerator-type "$ACCEL" \
-        --runtime-version "$RUNTIME" --spot
+        --runtime-version "$RUNTIME" --spot || return 1
       [[ $DRY -eq 1 ]] && return 0
       local st=""   # wait until the queue grants it
       until [[ "$st" == ACTIVE ]]; do
@@ -81,10 +86,25 @@ remove() {  # the preempted or lost slice (and its queued resource)
   if [[ "$MODE" == queued ]]; then run "${QR[@]}" delete "$TPU" "${LOC[@]}" --force --quiet || true
   else run "${GC[@]}" delete "$TPU" "${LOC[@]}" --quiet || true; fi
 }
-slice_state() {  # READY when the slice can run; anything else (PREEMPTED, TERMINATED, gone) cannot
-  local st
-  st=$("${GC[@]}" describe "$TPU" "${LOC[@]}" --format='value(state)' 2>/dev/null) || st=GONE
-  echo "${st:-GONE}"
+backoff() {  # seconds to wait before try $1 + 1: the poll interval, doubled each try, <= 600
+  local s=$((POLL * (1 << ($1 > 5 ? 5 : $1 - 1))))
+  echo $((s > 600 ? 600 : s))
+}
+DESCRIBE_TRIES=3
+slice_state() {  # the slice's state: READY (it can run), PREEMPTED, TERMINATED, ... (it cannot),
+  # GONE (gcloud: not found), UNKNOWN (gcloud failed otherwise DESCRIBE_TRIES times: an API
+  # error says nothing of the slice, which is then neither deleted nor taken as READY)
+  local st err i
+  for ((i = 1; i <= DESCRIBE_TRIES; i++)); do
+    if st=$("${GC[@]}" describe "$TPU" "${LOC[@]}" --format='value(state)' 2>"$ERR"); then
+      echo "${st:-GONE}"; return 0
+    fi
+    if grep -qiE 'NOT_FOUND|not found' "$ERR"; then echo GONE; return 0; fi
+    err=$(tr '\n' ' ' < "$ERR" | cut -c1-200)
+    echo "launch_tpu.sh: gcloud describe $TPU failed (try $i of $DESCRIBE_TRIES): $err" >&2
+    [[ $i -lt $DESCRIBE_TRIES ]] && sleep "$(backoff "$i")"
+  done
+  echo UNKNOWN
 }
 
 TRAIN="supo-jax train"
@@ -134,25 +154,55 @@ fi
 restarts=0
 LOST_POLLS=2          # polls that find no run (no exit status, no live process) before it is lost
 UNREACHABLE_POLLS=10  # polls that cannot reach worker 0 on a READY slice before giving up
-if [[ $DRY -eq 1 || "$(slice_state)" != READY ]]; then create; fi
+count_restart() {  # one restart more, for $1 (what happened); past --max-restarts, give up
+  restarts=$((restarts + 1))
+  if [[ $restarts -gt $MAX_RESTARTS ]]; then
+    echo "launch_tpu.sh: $TPU: $1; $MAX_RESTARTS restarts spent, giving up (--max-restarts)" >&2
+    exit 1
+  fi
+}
+recreate() {  # a slice that cannot run ($1: its state) removed, and created again; a failed
+  # creation (a Spot stock-out, a FAILED queued resource) is retried with backoff
+  local state="$1" tries=0 wait
+  while true; do
+    [[ "$state" != GONE ]] && remove
+    if create; then return 0; fi
+    tries=$((tries + 1))
+    count_restart "creating the slice failed (the command above)"
+    wait=$(backoff "$tries")
+    echo "creating $TPU failed: trying again in $wait s (restart $restarts of at most" \
+         "$MAX_RESTARTS)"
+    sleep "$wait"
+    state=FAILED   # what a failed creation left is removed first
+  done
+}
+
+if [[ $DRY -eq 1 ]]; then
+  create
+  start
+  echo "dry run: nothing was started on $TPU; then every $POLL s: the slice's state" \
+       "(describe) and worker 0's run (logs/$TPU/worker-0.exit, .pid); on a preemption:"
+  remove; create
+  echo "and start again (at most $MAX_RESTARTS restarts)"
+  exit 0
+fi
+state=$(slice_state)
+case "$state" in
+  READY) ;;
+  UNKNOWN) echo "launch_tpu.sh: cannot read the state of $TPU (gcloud describe failed" \
+                "$DESCRIBE_TRIES times); nothing was created or deleted" >&2
+           exit 1 ;;
+  *) recreate "$state" ;;   # gone: created; left PREEMPTED or TERMINATED: removed first
+esac
+start_fails=0
 while true; do
-  if [[ $DRY -eq 0 ]] && ! start; then
+  if ! start; then
+    start_fails=$((start_fails + 1))
     state=$(slice_state)
-    if [[ "$state" == READY ]]; then
-      echo "launch_tpu.sh: starting the run on $TPU failed on a READY slice (the command" \
-           "above); giving up" >&2
-      exit 1
-    fi
-    why="slice $state while starting"
+    why="starting the run failed (the command above)"
+    [[ "$state" == READY || "$state" == UNKNOWN ]] || why="slice $state while starting"
   else
-    if [[ $DRY -eq 1 ]]; then
-      start
-      echo "dry run: nothing was started on $TPU; then every $POLL s: the slice's state" \
-           "(describe) and worker 0's run (logs/$TPU/worker-0.exit, .pid); on a preemption:"
-      remove; create
-      echo "and start again (at most $MAX_RESTARTS restarts)"
-      exit 0
-    fi
+    start_fails=0
     echo "started on all workers of $TPU (restart $restarts of at most $MAX_RESTARTS); watching"
     lost=0 unreachable=0 why=""
     while [[ -z "$why" ]]; do
@@ -169,7 +219,7 @@ while true; do
         why="run exit $code"
         # a Spot VM's SIGTERM comes before its state turns: wait a poll for it to say so
         sleep "$POLL"; state=$(slice_state)
-      elif [[ "$state" != READY ]]; then
+      elif [[ "$state" != READY && "$state" != UNKNOWN ]]; then
         why="slice $state"
       elif [[ "$got" == lost ]]; then
         lost=$((lost + 1)); unreachable=0
@@ -179,22 +229,27 @@ while true; do
       else
         unreachable=$((unreachable + 1)); lost=0
         if [[ $unreachable -ge $UNREACHABLE_POLLS ]]; then
-          echo "launch_tpu.sh: worker 0 of $TPU (READY) did not answer $unreachable polls in a" \
-               "row; giving up (the run may still be going: see its logs)" >&2
+          echo "launch_tpu.sh: worker 0 of $TPU ($state) did not answer $unreachable polls in" \
+               "a row; giving up (the run may still be going: see its logs)" >&2
           exit 1
         fi
       fi
     done
   fi
-  restarts=$((restarts + 1))
-  if [[ $restarts -gt $MAX_RESTARTS ]]; then
-    echo "launch_tpu.sh: $TPU was preempted or lost $restarts times; giving up (--max-restarts)" >&2
-    exit 1
-  fi
-  if [[ "$state" != READY ]]; then
-    echo "preempted ($why): recreating $TPU"
-    remove; create
-  else
-    echo "stopped ($why) on a READY slice: starting the run again on $TPU"
-  fi
+  count_restart "$why"
+  case "$state" in
+    READY|UNKNOWN)
+      if [[ $start_fails -gt 0 ]]; then
+        wait=$(backoff "$start_fails")
+        echo "$why on $TPU ($state): starting it again in $wait s"
+        sleep "$wait"
+      elif [[ "$state" == READY ]]; then
+        echo "stopped ($why) on a READY slice: starting the run again on $TPU"
+      else
+        echo "stopped ($why); the state of $TPU is unknown (gcloud describe failed): starting" \
+             "the run again on it"
+      fi ;;
+    *) echo "preempted ($why): recreating $TPU"
+       recreate "$state" ;;
+  esac
 done

@@ -41,50 +41,91 @@ def test_missing_required_options_fail():
 
 FAKE_GCLOUD = r'''#!/usr/bin/env bash
 # gcloud as launch_tpu.sh drives it, for tests: a slice's state in $FAKE_GCLOUD_DIR; the run's
-# first start is preempted (the slice turns PREEMPTED), the next ones exit with $FAKE_RUN_EXIT
+# first start is preempted (the slice turns PREEMPTED), the next ones exit with $FAKE_RUN_EXIT;
+# FAKE_SCENARIO names another course (below), with gcloud's own error lines
 d="$FAKE_GCLOUD_DIR"; a="$*"; echo "$a" >> "$d/calls"
+sc="${FAKE_SCENARIO:-}"
 case "$a" in
   "compute tpus tpu-vm create "*|"compute tpus queued-resources create "*)
-    echo READY > "$d/state"; echo ACTIVE > "$d/qr"; echo x >> "$d/creates" ;;
+    echo x >> "$d/creates"; n=$(wc -l < "$d/creates")
+    if [[ -f "$d/state" ]]; then   # as gcloud does: the name is taken
+      echo "ERROR: (gcloud.compute.tpus.tpu-vm.create) ALREADY_EXISTS: Resource already exists" >&2
+      exit 1
+    fi
+    # a Spot stock-out when the preempted slice is created again (the second creation)
+    if [[ "$sc" == stockout && $n -eq 2 ]]; then
+      echo "ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: There is no more" \
+           "capacity in the zone" >&2; exit 1
+    fi
+    echo READY > "$d/state"; echo ACTIVE > "$d/qr"
+    # the queue's first grant fails (the queued resource goes FAILED, no VM)
+    if [[ "$sc" == qr_failed && $n -eq 1 ]]; then echo FAILED > "$d/qr"; rm -f "$d/state"; fi ;;
   "compute tpus tpu-vm delete "*|"compute tpus queued-resources delete "*) rm -f "$d/state" "$d/qr" ;;
-  "compute tpus tpu-vm describe "*) [[ -f "$d/state" ]] || exit 1; cat "$d/state" ;;
+  "compute tpus tpu-vm describe "*)
+    # an API error while the slice is READY and the run trains: $FAKE_DESCRIBE_FAILS in a row
+    if [[ -f "$d/flaky" ]]; then
+      f=$(cat "$d/flaky"); if [[ $f -le 1 ]]; then rm -f "$d/flaky"; else echo $((f - 1)) > "$d/flaky"; fi
+      echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) UNAVAILABLE: The service is currently" \
+           "unavailable." >&2; exit 1
+    fi
+    if [[ ! -f "$d/state" ]]; then
+      echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) NOT_FOUND: Resource" \
+           "'projects/p/locations/z1/nodes/x' was not found." >&2; exit 1
+    fi
+    cat "$d/state" ;;
   "compute tpus queued-resources describe "*) cat "$d/qr" ;;
   "compute tpus tpu-vm scp "*)   # sigterm_ready: the VM dies under the next start
     if [[ -f "$d/dying" ]]; then rm -f "$d/dying"; echo PREEMPTED > "$d/state"; exit 255; fi ;;
   "compute tpus tpu-vm ssh "*)
     [[ "$(cat "$d/state" 2>/dev/null)" == READY ]] || exit 255
     if [[ "$a" == *"supo-jax train"* ]]; then
+      echo x >> "$d/tries"
+      # the first ssh to a fresh VM fails (its SSH keys not there yet)
+      if [[ "$sc" == ssh_fails_once && $(wc -l < "$d/tries") -eq 1 ]]; then
+        echo "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255]." >&2
+        exit 255
+      fi
       rm -f "$d/exit"; echo x >> "$d/starts"; n=$(wc -l < "$d/starts")
-      case "${FAKE_SCENARIO:-}" in
+      case "$sc" in
         # the run is SIGTERMed (exit 143) while the slice still reads READY
         sigterm_ready) if [[ $n -eq 1 ]]; then echo 143 > "$d/exit"; touch "$d/dying"
                        else echo 0 > "$d/exit"; fi ;;
         # the run vanishes: no exit status, no process (a VM restarted under it)
         lost) if [[ $n -eq 1 ]]; then touch "$d/lost"; else rm -f "$d/lost"; echo 0 > "$d/exit"; fi ;;
+        # gcloud fails to describe the READY slice while the run trains, then the run ends
+        describe_flaky) echo "${FAKE_DESCRIBE_FAILS:-1}" > "$d/flaky"; touch "$d/running_once"
+                        echo 0 > "$d/exit_later" ;;
+        # every start is preempted
+        always_preempted) echo PREEMPTED > "$d/state" ;;
+        ssh_fails_once|qr_failed) echo "${FAKE_RUN_EXIT:-0}" > "$d/exit" ;;
         *) if [[ $n -eq 1 ]]; then echo PREEMPTED > "$d/state"
            else echo "${FAKE_RUN_EXIT:-0}" > "$d/exit"; fi ;;
       esac
     elif [[ "$a" == *"worker-0.exit"* ]]; then   # the watcher's poll
-      if [[ -f "$d/exit" ]]; then cat "$d/exit"; elif [[ -f "$d/lost" ]]; then echo lost
+      if [[ -f "$d/running_once" ]]; then rm -f "$d/running_once"; echo running
+        [[ -f "$d/exit_later" ]] && mv "$d/exit_later" "$d/exit"
+      elif [[ -f "$d/exit" ]]; then cat "$d/exit"; elif [[ -f "$d/lost" ]]; then echo lost
       else echo running; fi
     fi ;;
 esac
 '''
 
 
-def _launch(tmp_path, mode, run_exit=0, scenario=""):
+def _launch(tmp_path, mode, run_exit=0, scenario="", state_before=None, restarts=3, **extra):
     bin_dir, state = tmp_path / "bin", tmp_path / "gcloud"
     bin_dir.mkdir()
     state.mkdir()
+    if state_before:      # a slice of that name already there (an earlier run's)
+        (state / "state").write_text(state_before + "\n")
     (bin_dir / "gcloud").write_text(FAKE_GCLOUD)
     (bin_dir / "gcloud").chmod(0o755)
     tpu = f"fake-{mode}-{os.getpid()}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "FAKE_GCLOUD_DIR": str(state), "FAKE_RUN_EXIT": str(run_exit),
-           "FAKE_SCENARIO": scenario}
+           "FAKE_SCENARIO": scenario, **extra}
     try:
         r = subprocess.run(["bash", os.path.join(ROOT, "launch_tpu.sh"), "--tpu", tpu, "--zone",
-                            "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", "3",
+                            "z1", f"--{mode}", "--poll-seconds", "0", "--max-restarts", str(restarts),
                             "--set", "train.run_dir=gs://bucket/run"],
                            capture_output=True, text=True, timeout=300, env=env)
         # what ships is the checkout as git sees it: the package, no caches or venvs
@@ -150,6 +191,63 @@ def test_a_run_that_fails_on_a_healthy_slice_is_not_restarted(tmp_path):
     assert r.returncode == 1 and "failed (exit 1)" in r.stderr
     assert _count(calls, "tpu-vm create") == 2 and len([c for c in calls
                                                         if "supo-jax train" in c]) == 2
+
+
+def test_an_api_error_on_a_healthy_slice_neither_deletes_it_nor_stops_the_run(tmp_path):
+    """gcloud fails to describe the READY slice while the run trains (UNAVAILABLE, three
+    times: every retry of one poll): the state is unknown, not gone; the slice is neither
+    deleted nor created again, and the run goes on to its end."""
+    r, calls = _launch(tmp_path, "spot", scenario="describe_flaky", FAKE_DESCRIBE_FAILS="3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _count(calls, "tpu-vm delete") == 0 and _count(calls, "tpu-vm create") == 1
+    assert len([c for c in calls if "supo-jax train" in c]) == 1
+    assert "describe" in r.stderr and "UNAVAILABLE" in r.stderr   # each failed try is said
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_stock_out_on_recreation_is_retried_as_a_restart(tmp_path):
+    """The preempted Spot slice cannot be created again at once (no capacity): the launcher
+    says so, retries with backoff (a restart), and the run starts on the slice it gets."""
+    r, calls = _launch(tmp_path, "spot", scenario="stockout")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _count(calls, "tpu-vm create") == 3 and "no more capacity" in r.stderr
+    assert "creating fake-spot" in r.stdout and "failed: trying again in 0 s (restart 2" in r.stdout
+    assert len([c for c in calls if "supo-jax train" in c]) == 2
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_failed_queued_resource_is_removed_and_queued_again(tmp_path):
+    r, calls = _launch(tmp_path, "queued", scenario="qr_failed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "queued resource" in r.stderr and "is FAILED" in r.stderr
+    creates = [i for i, c in enumerate(calls) if "queued-resources create" in c]
+    deletes = [i for i, c in enumerate(calls) if "queued-resources delete" in c]
+    assert len(creates) == 2 and len(deletes) == 1 and creates[0] < deletes[0] < creates[1]
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_first_ssh_that_fails_on_a_fresh_vm_is_retried(tmp_path):
+    r, calls = _launch(tmp_path, "spot", scenario="ssh_fails_once")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "starting it again" in r.stdout
+    assert _count(calls, "tpu-vm delete") == 0 and _count(calls, "tpu-vm create") == 1
+    assert r.stdout.rstrip().endswith("finished")
+
+
+def test_a_slice_left_preempted_by_an_earlier_run_is_removed_before_it_is_created(tmp_path):
+    r, calls = _launch(tmp_path, "spot", scenario="ssh_fails_once", state_before="PREEMPTED")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = [c.split()[3] for c in calls if c.split()[3] in ("create", "delete")][:2]
+    assert first == ["delete", "create"], calls
+
+
+def test_restarts_run_out(tmp_path):
+    """Every start is preempted: after --max-restarts recreations the launcher gives up with
+    one line naming the cause and the limit, and exits 1."""
+    r, calls = _launch(tmp_path, "spot", scenario="always_preempted", restarts=2)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "slice PREEMPTED; 2 restarts spent, giving up (--max-restarts)" in r.stderr
+    assert len([c for c in calls if "supo-jax train" in c]) == 3
 
 
 def test_spot_dry_run_prints_the_watch_and_the_recreation():
