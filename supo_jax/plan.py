@@ -918,7 +918,8 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     """A predicted RL step of the run from its compiled programs' times: the rollout phase
     (the serving copy once; each wave of sampler rows prefilling its context and decoding its
     generated tokens) plus the update phase (ppo_epochs passes over every segment's row, a
-    train step a minibatch), each as bound, no overlap and calibrated (each program's
+    train step a minibatch, after one forward pass over them when
+    optim.recompute_old_logprobs), each as bound, no overlap and calibrated (each program's
     calibrated time, `calibrate`), and the whole run (train.steps steps) in chip-hours.
 
     The work a rollout does is an assumption, said in the result's `work`: by default the
@@ -933,10 +934,13 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
         if v is not None and v < 1:
             raise ValueError(f"{name} must be at least 1 (got {v})")
     p, s = rep["programs"], rep["shapes"]
-    need = ("train_step", "prefill", "decode", "to_serving")
+    ctx, r, o = cfg.context, cfg.rollout, cfg.optim
+    # optim.recompute_old_logprobs (rollout.budget_tokens sets it): one forward pass over
+    # every row before the update's epochs
+    need = ("train_step", "prefill", "decode", "to_serving") + (
+        ("recompute_logprobs",) if o.recompute_old_logprobs else ())
     if any("estimated_seconds" not in p.get(n, {}) for n in need):
         return None
-    ctx, r, o = cfg.context, cfg.rollout, cfg.optim
     summaries = ctx.max_summaries if ctx.manager == "supo" else 0
     cap = (summaries + 1) * s["row_len"]
     segments = segments or summaries + 1
@@ -946,7 +950,9 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     waves = -(-rollouts // s["sampler_rows"])
     prefills = -(-segments * s["row_len"] // s["prefill_len"])   # calls a rollout, at most
     decodes = generated / s["decode_steps"]
-    updates = o.ppo_epochs * -(-rollouts * segments // s["minibatch_rows"])
+    minibatches = -(-rollouts * segments // s["minibatch_rows"])
+    updates = o.ppo_epochs * minibatches
+    forwards = minibatches if o.recompute_old_logprobs else 0   # (in minibatch-row programs)
 
     def phase(kind: str) -> dict:
         # calibrated: the decode's and the update's; resharding and prefill (no published
@@ -955,8 +961,9 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
                "calibrated": "calibrated_seconds"}[kind]
         rollout = p["to_serving"][key] + waves * (prefills * p["prefill"][key]
                                                   + decodes * p["decode"][key])
-        return {"rollout": rollout, "update": updates * p["train_step"][key],
-                "step": rollout + updates * p["train_step"][key]}
+        update = updates * p["train_step"][key] + (
+            forwards * p["recompute_logprobs"][key] if forwards else 0.0)
+        return {"rollout": rollout, "update": update, "step": rollout + update}
 
     kinds = ["bound", "no_overlap"] + (["calibrated"] if all(
         "calibrated_seconds" in p[n] for n in need) else [])
@@ -964,7 +971,8 @@ def rl_step(rep: dict, cfg, segments: int | None = None,
     out = {"work": {"rollouts": rollouts, "segments": segments, "generated_tokens": generated,
                     "prefill_tokens": segments * s["row_len"], "waves": waves,
                     "prefill_calls": prefills, "decode_chunks": decodes,
-                    "train_steps": updates, "assumed": "given" if given else "caps"},
+                    "train_steps": updates, "recompute_passes": forwards,
+                    "assumed": "given" if given else "caps"},
            **{k: phase(k) for k in kinds}}
     steps = cfg.train.steps
     chips = rep["chips"] / rep.get("devices_per_chip", 1)     # chips, not devices, are billed

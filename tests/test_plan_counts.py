@@ -188,6 +188,42 @@ def test_paper_config_without_a_model_is_one_line_error():
     assert "\n" not in str(e.value) and "--model-config tiny" in str(e.value)
 
 
+def test_rl_step_counts_the_old_logprobs_forward_when_a_run_recomputes_them():
+    """optim.recompute_old_logprobs (rollout.budget_tokens sets it): the update phase is the
+    epochs' train steps plus one forward pass over every row, in minibatch programs; a plan
+    without that program predicts no step. Composed by hand from a report's figures."""
+    from supo_jax.plan import rl_step
+
+    def rep(recompute_s):
+        progs = {n: {"estimated_seconds": t, "no_overlap_seconds": 2 * t,
+                     "calibrated_seconds": 3 * t}
+                 for n, t in [("train_step", 1.0), ("prefill", 0.5), ("decode", 0.25),
+                              ("to_serving", 0.125)]}
+        if recompute_s:
+            progs["recompute_logprobs"] = {"estimated_seconds": recompute_s,
+                                           "no_overlap_seconds": 2 * recompute_s,
+                                           "calibrated_seconds": 3 * recompute_s}
+        return {"programs": progs, "chips": 8,
+                "shapes": {"row_len": 256, "prefill_len": 256, "decode_steps": 32,
+                           "sampler_rows": 16, "minibatch_rows": 8}}
+
+    sets = ["context.max_summaries=1", "rollout.tasks_per_step=4", "rollout.group_size=4",
+            "optim.ppo_epochs=2"]
+    plain = rl_step(rep(0), _cfg(*sets))
+    cfg = _cfg(*sets, "optim.recompute_old_logprobs=true")
+    assert cfg.optim.recompute_old_logprobs
+    got = rl_step(rep(0.375), cfg)
+    # 16 rollouts x 2 segments = 32 rows: 4 minibatches of 8, 2 epochs of train steps, and
+    # one forward pass over the 4
+    assert got["work"]["train_steps"] == 8 and got["work"]["recompute_passes"] == 4
+    assert plain["work"]["recompute_passes"] == 0
+    for kind, f in [("bound", 1), ("no_overlap", 2), ("calibrated", 3)]:
+        assert plain[kind]["update"] == pytest.approx(8 * 1.0 * f)
+        assert got[kind]["update"] == pytest.approx(8 * 1.0 * f + 4 * 0.375 * f)
+        assert got[kind]["rollout"] == pytest.approx(plain[kind]["rollout"])
+    assert rl_step(rep(0), cfg) is None        # the forward's program did not compile
+
+
 @pytest.mark.parametrize("where", ["local", "bucket"])
 def test_dump_writes_each_programs_hlo(tmp_path, where, monkeypatch):
     """--dump DIR, on a local disk or in a bucket (a GCS API server on a loopback port)."""
