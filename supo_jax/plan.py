@@ -529,7 +529,8 @@ def _figures(compiled, chip: dict, peak: float, model_flops: float = 0.0, mesh=N
     top = sorted(c.collectives, key=lambda x: -x["bytes"] * x["executions"])[:6]
     top = [{k: v for k, v in x.items() if k != "group"} for x in top]
     mem = sorted(c.memory_ops, key=lambda x: -x["bytes"] * x["executions"])[:8]
-    return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm, "largest_memory_ops": mem,
+    return {"flops_per_chip": c.flops, "hbm_bytes_per_chip": hbm,
+            "vmem_bytes_per_chip": c.alt_memory_bytes, "largest_memory_ops": mem,
             "collective_bytes_per_chip": c.collective_bytes, "seconds": seconds,
             "estimated_seconds": seconds[bound], "bound": bound,
             "no_overlap_seconds": sum(seconds.values()),
@@ -903,6 +904,10 @@ def _estimates(rep: dict, mc) -> dict:
         out.update(**both(d, "rollout_tokens_per_second_per_chip", work),
                    decode_hbm_roofline_seconds=roof,
                    decode_over_roofline=d["estimated_seconds"] / roof,
+                   # what the roofline reads from HBM every step and the program keeps in
+                   # on-chip memory (TPU VMEM, layout S(1)) across its steps instead
+                   decode_roofline_bytes_per_chip=roof * rep["hbm_bandwidth_per_chip"],
+                   decode_vmem_bytes_per_chip=d.get("vmem_bytes_per_chip", 0.0),
                    decode_collective_bytes_per_step=d["collective_bytes_per_chip"] / steps)
         cal = d.get("calibrated_seconds")
         if cal is not None:
@@ -1116,8 +1121,12 @@ def format_plan(rep: dict) -> str:
                      f"{e['rollout_tokens_per_second_per_chip_bound']:.0f} decode tokens/s "
                      f"a chip (no overlap to perfect overlap); decode at "
                      f"{e['decode_over_roofline']:.2f}x its HBM roofline"
-                     + (" (below 1: the program keeps weights or cache in on-chip memory)"
-                        if e["decode_over_roofline"] < 0.9 else "")
+                     + (f" (below 1: of the {_gib(e['decode_roofline_bytes_per_chip'])} of "
+                        "weights and KV cache the roofline reads from HBM, the program moves "
+                        f"{_gib(e['decode_vmem_bytes_per_chip'])} in on-chip memory, VMEM, "
+                        "where they stay across its steps)"
+                        if e["decode_over_roofline"] < 0.9
+                        and "decode_vmem_bytes_per_chip" in e else "")
                      + f"; {_gib(e['decode_collective_bytes_per_step'])} over ICI a chip a step")
         if "rollout_tokens_per_second_per_chip_calibrated" in e:
             lines.append(f"rollouts calibrated: "

@@ -45,6 +45,12 @@ def test_sampler_prefill_and_decode_compile_and_fit():
     for p in rep["programs"].values():
         _fits(p)
     assert rep["programs"]["prefill"]["bytes_per_chip"]["alias"] > 0   # the donated cache
+    # the decode at a fraction of its HBM roofline: the tiny policy's weights and KV cache
+    # stay in VMEM (layout S(1)) across its 64 steps, and what the roofline reads from HBM
+    # each step moves there instead (the planner says so)
+    e = rep["estimates"]
+    assert e["decode_over_roofline"] < 0.5
+    assert e["decode_vmem_bytes_per_chip"] >= e["decode_roofline_bytes_per_chip"] > 0
     # docs/SCALING.md's plan block renders the committed plan of the same command: its shapes
     # and these programs' counts are today's (a change that moves them reruns the command)
     import json
