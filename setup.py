@@ -42,6 +42,9 @@ setup(
                  "gcp-storage-emulator>=2024.8",
                  # the serving endpoint driven by the official client (tests/test_serve.py)
                  "openai>=1.0", "httpx>=0.27",
+                 # what bfcl-eval's own `bfcl` command imports beyond ours (bfcl-eval itself
+                 # goes in --no-deps: its pins clash; tests/test_bfcl_runner.py)
+                 "overrides>=7.4", "tenacity>=8.2", "python-dotenv>=1.0", "tabulate>=0.9",
                  # compiles for TPU slices ahead of time on CPU (tests/test_tpu_compile.py)
                  "libtpu==0.0.42.1; sys_platform == 'linux'"],
         "tpu": ["jax[tpu]>=0.6"],

@@ -356,6 +356,11 @@ def _cmd_serve(args) -> None:
     from supo_jax.serve.engine import Engine
 
     sock = listen(args.host, args.port)     # a port in use fails before the model loads
+    if args.policy == "scripted":
+        return _serve_scripted(args, sock)
+    if args.env or args.tokenizer:
+        raise ValueError("--env and --tokenizer go with --policy scripted (a model brings its "
+                         "own tokenizer)")
     policy = _serve_policy(args.policy, args.dtype)
     if policy.tokenizer is None:
         raise ValueError(f"{args.policy} has no tokenizer files; cannot render chat prompts")
@@ -366,6 +371,33 @@ def _cmd_serve(args) -> None:
     print(f"serving {name} on {url_of(sock)}/v1 ({args.rows} rows of {max_len} tokens"
           f"{', API key required' if key else ''})", flush=True)
     serve(Server(engine, ChatFormat(policy.tokenizer), name, key), sock)
+
+
+def _serve_scripted(args, sock) -> None:
+    """--policy scripted: the environment's scripted expert answers (serve/scripted.py)."""
+    import os
+
+    from supo_jax.agent.render import ChatFormat
+    import supo_jax.envs  # noqa: F401  (registers the built-in environments and experts)
+    from supo_jax.envs.experts import expert_for, has_expert
+    from supo_jax.model.policy import load_tokenizer
+    from supo_jax.serve.app import Server, serve, url_of
+    from supo_jax.serve.scripted import ScriptedEngine
+
+    if not args.env or not args.tokenizer:
+        raise ValueError("--policy scripted needs --env NAME (whose scripted expert answers) "
+                         "and --tokenizer DIR (the tokenizer clients count tokens with)")
+    if not has_expert(args.env):
+        raise ValueError(f"--policy scripted: environment {args.env!r} has no scripted expert")
+    fmt = ChatFormat(load_tokenizer(args.tokenizer))
+    max_len = args.max_len or SERVE_MAX_LEN
+    engine = ScriptedEngine(expert_for(args.env), fmt, max_len, rows=args.rows,
+                            queue_limit=args.queue)
+    name = args.served_model_name or args.policy
+    key = args.api_key or os.environ.get("SUPO_JAX_API_KEY", "")
+    print(f"serving {name} on {url_of(sock)}/v1 (the scripted expert of {args.env}; prompts "
+          f"of up to {max_len} tokens{', API key required' if key else ''})", flush=True)
+    serve(Server(engine, fmt, name, key), sock)
 
 
 def _cmd_sweep(args) -> None:
@@ -586,7 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
     v = _sub(sub, "serve", "serve a policy behind an OpenAI-compatible HTTP API "
              "(/v1/chat/completions, /v1/completions)")
     v.add_argument("--policy", required=True, metavar="PATH", help="a run directory (its "
-                   "latest checkpoint), an HF directory, .gguf file, Hub id or PEFT adapter")
+                   "latest checkpoint), an HF directory, .gguf file, Hub id or PEFT adapter; "
+                   "'scripted': the scripted expert of --env answers (ChatML prompts)")
+    v.add_argument("--env", default=None, metavar="NAME", help="with --policy scripted: the "
+                   "environment whose expert answers")
+    v.add_argument("--tokenizer", default=None, metavar="DIR", help="with --policy scripted: "
+                   "an HF tokenizer directory (its chat template renders the chats)")
     v.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: "
                    "every interface)")
     v.add_argument("--port", type=_size, default=8000, help="the port (0: a free one)")

@@ -45,6 +45,8 @@ class Server:
         self.counter = 0
         self.lock = threading.Lock()
         self.calls_in_template = renders_tool_calls(fmt)
+        policy = getattr(engine, "policy", None)   # None: a scripted engine (serve/scripted.py)
+        self.vocab_size = policy.config.vocab_size if policy is not None else len(fmt.tokenizer)
 
     def next_stream(self) -> int:
         """A fresh random stream for a request without a seed (disjoint from seeds' range)."""
@@ -288,6 +290,9 @@ def _top_logprobs(policy, fmt: ChatFormat, prompt: list[int], c: Choice, k: int,
 async def top_logprobs(server: Server, gen: Generation, c: Choice, s: api.Sampling):
     if not s.top_logprobs or not c.tokens:
         return None
+    if server.engine.policy is None:
+        raise ApiError("top_logprobs: the scripted policy has no distribution over tokens",
+                       "top_logprobs")
     return await asyncio.to_thread(_top_logprobs, server.engine.policy, server.fmt, gen.prompt,
                                    c, s.top_logprobs, s.temperature)
 
@@ -407,7 +412,7 @@ async def completions(server: Server, request, body):
     from starlette.responses import JSONResponse, StreamingResponse
 
     req = api.completion_request(body, (server.model,))
-    prompt = completion_tokens(server.fmt, req, server.engine.policy.config.vocab_size)
+    prompt = completion_tokens(server.fmt, req, server.vocab_size)
     gen = Generation(server, prompt, req.sampling, "prompt")
     if req.sampling.stream:
         return StreamingResponse(completion_stream(server, req, gen),
