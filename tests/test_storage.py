@@ -15,6 +15,9 @@ def bucket():
                                           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
     os.environ["STORAGE_EMULATOR_HOST"] = host
     os.environ.pop("TENSORSTORE_GCS_HTTP_URL", None)
+    # now, not at the first storage call: gcsfs reads its variables when imported, and a
+    # test that imports it first (on an xdist worker, the first) got the gRPC bucket checks
+    storage.configure()
     yield f"gs://{gcs.BUCKET}"
     server.stop()
     for k, v in old.items():
@@ -160,3 +163,155 @@ def test_tensorstore_endpoint_is_derived_from_storage_emulator_host(bucket):
     assert step == 3 and meta == {"step": 3} and int(opt["n"]) == 3
     np.testing.assert_array_equal(params["b"], np.ones((2, 3)) * 3)
     ck.close()
+
+
+def test_two_write_checks_with_one_process_id_do_not_collide(bucket, monkeypatch):
+    """Identical hosts may run the same process id: two write checks on one directory, the
+    first deleting its probe after the second did, both pass (the probe named by the process
+    id alone was one object, deleted twice: 'cannot write there')."""
+    import threading
+
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    real, first_at_remove, second_removed = storage.remove, threading.Event(), threading.Event()
+
+    def remove(path):
+        if threading.current_thread().name == "first":
+            first_at_remove.set()
+            assert second_removed.wait(30)
+            return real(path)
+        assert first_at_remove.wait(30)
+        try:
+            return real(path)
+        finally:
+            second_removed.set()
+    monkeypatch.setattr(storage, "remove", remove)
+    errors = []
+
+    def check():
+        try:
+            storage.ensure_dir(storage.join(bucket, "twins"), "train.run_dir")
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=check, name=n) for n in ("first", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and second_removed.is_set()
+    assert not storage.exists(storage.join(bucket, "twins"))
+
+
+def test_a_write_check_probe_already_gone_is_no_error(bucket, monkeypatch):
+    real = storage.remove
+
+    def remove(path):
+        real(path)
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(storage, "remove", remove)
+    storage.ensure_dir(storage.join(bucket, "gone"), "train.run_dir")
+
+
+def test_a_finished_sft_checkpoint_is_removed_by_the_main_process_only(monkeypatch):
+    """Every process of a run ends sft_train: the main one removes its checkpoint, the others
+    wait at a barrier until it is gone (each removing it, all but one failed in a bucket)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    from supo_jax.rl import sft
+
+    removed, synced = [], []
+    monkeypatch.setattr(storage, "rmtree", removed.append)
+    monkeypatch.setattr(multihost_utils, "sync_global_devices", synced.append)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    for me in (1, 0):
+        monkeypatch.setattr(jax, "process_index", lambda me=me: me)
+        sft.drop_checkpoint("gs://b/run/sft_ckpt")
+        assert removed == ([] if me else ["gs://b/run/sft_ckpt"]) and len(synced) == 2 - me
+
+
+def test_removing_a_bucket_directory_emptied_meanwhile_is_no_error(bucket, monkeypatch):
+    """Objects another process deleted between the listing and the delete: gcsfs raises
+    FileNotFoundError when none was left to delete."""
+    d = storage.join(bucket, "emptied")
+    storage.write_text(storage.join(d, "a.txt"), "a")
+    fs = storage.filesystem(d)[0]     # (one instance, cached by fsspec)
+    rm = fs.rm
+
+    def emptied_meanwhile(path, *a, **kw):
+        rm(path, *a, **kw)
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(fs, "rm", emptied_meanwhile)
+    storage.rmtree(d)
+    storage.rmtree(storage.join(bucket, "never-there"))
+    monkeypatch.undo()
+    assert not storage.exists(d)
+
+
+def test_an_error_asking_a_bucket_is_not_taken_for_absent(bucket, monkeypatch):
+    """fsspec's exists/isfile answer False to any error: a 503 or a refused read would make a
+    run's config.json look absent (and be overwritten). Only 'not found' is absent here."""
+    f = storage.join(bucket, "probe", "config.json")
+    storage.write_text(f, "{}")
+    assert storage.exists(f) and storage.isfile(f) and storage.isdir(storage.dirname(f))
+    missing = storage.join(bucket, "probe", "none.json")
+    assert not storage.exists(missing) and not storage.isfile(missing)
+    assert not storage.isdir(missing) and not storage.isfile(storage.dirname(f))
+    for error in (PermissionError("403 Forbidden"), OSError("503 Service Unavailable")):
+        def failing(path, *a, _e=error, **kw):
+            raise _e
+        monkeypatch.setattr(storage.filesystem(f)[0], "info", failing)
+        for ask in (storage.exists, storage.isfile, storage.isdir):
+            with pytest.raises(OSError, match=r"^gs://.*/probe/config.json: cannot tell whether "
+                                              rf"it exists \({type(error).__name__}: ") as e:
+                ask(f)
+            assert "\n" not in str(e.value)
+
+
+def test_file_urls_are_local_paths(tmp_path):
+    base = f"file://{tmp_path}"
+    f = storage.join(base, "run", "a.txt")
+    storage.ensure_dir(storage.join(base, "run"))
+    storage.write_text(f, "x")
+    assert storage.read_text(f) == "x" and storage.exists(f) and storage.isfile(f)
+    assert (tmp_path / "run" / "a.txt").read_text() == "x"
+    assert storage.abspath(f"{base}/run/a.txt") == str(tmp_path / "run" / "a.txt")
+    assert storage.isdir(f"{base}/run") and storage.listdir(f"{base}/run") == ["a.txt"]
+    with storage.local_copy(f"{base}/run") as d:
+        assert os.listdir(d) == ["a.txt"]
+    storage.rmtree(f"{base}/run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("scheme", ["gcs", "s3"])
+def test_a_run_directory_in_another_scheme_is_refused_at_start(scheme, monkeypatch):
+    """Orbax takes only gs:// (KeyError: 'gcs://') and TensorBoard would write gcs:// paths
+    locally: a run stops at its start, before any request."""
+    def no_network(*a, **kw):
+        raise AssertionError("network access")
+    monkeypatch.setattr(storage, "filesystem", no_network)
+    with pytest.raises(OSError, match=rf"^train.run_dir {scheme}://b/x: only gs:// buckets and "
+                                      rf"local paths are supported \(not {scheme}://\)$"):
+        storage.ensure_dir(f"{scheme}://b/x", "train.run_dir")
+
+
+@pytest.mark.parametrize("mode", ["w", "wb"])
+def test_a_bucket_file_whose_block_raises_is_not_uploaded(bucket, mode):
+    """fsspec's writer uploads on exit whatever was written (a truncated plot): a with-block
+    that raises leaves the object as it was, absent or old; a clean block writes it whole."""
+    text = (lambda s: s.encode()) if "b" in mode else (lambda s: s)
+    new, old = storage.join(bucket, "partial", f"new.{mode}"), storage.join(bucket, "partial",
+                                                                             f"old.{mode}")
+    storage.write_text(old, "old content")
+    for path in (new, old):
+        with pytest.raises(RuntimeError), storage.open(path, mode) as f:
+            f.write(text("half of "))
+            raise RuntimeError("plot failed")
+    assert not storage.exists(new) and storage.read_text(old) == "old content"
+    with storage.open(new, mode) as f:
+        f.write(text("all ") * 100_000)
+        f.write(text("done"))
+    assert storage.read_text(new) == "all " * 100_000 + "done"
+    f = storage.open(old, mode)
+    f.write(text("closed by hand"))
+    f.close()
+    assert storage.read_text(old) == "closed by hand"

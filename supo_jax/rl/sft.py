@@ -260,5 +260,15 @@ def sft_train(policy, segments: Sequence[Segment], *, steps: int, lr: float, bat
             raise SFTStopped(f"stopped after SFT step {step + 1} of {steps}, saved in {ckpt_dir}")
     if ckpts is not None:
         ckpts.close()
-        storage.rmtree(ckpt_dir)
+        drop_checkpoint(ckpt_dir)
     return history
+
+
+def drop_checkpoint(ckpt_dir: str) -> None:
+    """Remove a finished SFT's stop checkpoint: on the main process only (in a bucket the
+    others would find its objects gone and fail); no process goes on before it is gone."""
+    from supo_jax.rl import multihost
+
+    if multihost.is_main():
+        storage.rmtree(ckpt_dir)
+    multihost.barrier("sft_checkpoint_removed")
