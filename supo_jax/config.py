@@ -35,6 +35,8 @@ class ModelSection:
     attention: str = "auto"        # auto | xla | blockwise | cudnn | splash (model/attention.py)
     precision: str = "auto"        # auto | default | high | highest (matmuls; auto: float32 is true
                                    # float32 on accelerators)
+    mlp_chunks: int = 1            # training: each layer's MLP over a row's tokens in this many
+                                   # chunks (less activation memory, more weight reads)
     tiny_family: str = "qwen2"
     tiny_hidden: int = 64
     tiny_layers: int = 2
@@ -49,7 +51,8 @@ class ModelSection:
     lora_base_dtype: str = ""      # the adapted base's storage: "" = dtype | bfloat16 | int8 (QLoRA)
 
     def decoder_options(self) -> dict:
-        return {"remat": self.remat, "attention": self.attention, "precision": self.precision}
+        return {"remat": self.remat, "attention": self.attention, "precision": self.precision,
+                "mlp_chunks": self.mlp_chunks}
 
     def lora(self):
         """The adapters asked for (supo_jax.model.lora.LoRA), None when lora_rank = 0."""

@@ -87,6 +87,38 @@ def test_sharded_train_step_matches_single_device():
     np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-5)
 
 
+def test_an_mlp_in_token_chunks_trains_as_the_whole_rows_mlp():
+    """model.mlp_chunks: each layer's MLP over a row's tokens in chunks (one chunk's
+    intermediates live at a time in the backward; here inside the layer's own remat,
+    offload) gives the loss and the update of the unchunked MLP, on one device and with the
+    weights sharded over fsdp and tensor (where the chunks use the layer's weights gathered
+    once); a chunk count that does not divide the rows is an error naming the setting."""
+    from supo_jax.model.sharding import batch_sharding, mesh_scope
+
+    cfg = tiny_config("qwen2", vocab_size=97)
+    batch = build_batch(_segments(), list(np.linspace(-1, 1, 8)), max_len=32, rows_multiple=8)
+    tx = make_optimizer(1e-3)
+    for mesh in (None, make_mesh(1, 4, 2)):
+        got = []
+        for chunks in (1, 4):
+            pol = new_policy(cfg, seed=0, mesh=mesh, mlp_chunks=chunks, remat="offload")
+            graphdef, params = pol.split()
+            b = batch if mesh is None else jax.tree.map(
+                lambda x: jax.device_put(x, batch_sharding(mesh, x.shape)), batch)
+            with mesh_scope(mesh):
+                params, _, m = train_step(graphdef, params, tx.init(params), b, tx=tx,
+                                          cfg=LossConfig())
+            got.append((float(m["loss"]), np.asarray(nnx.to_pure_dict(params)["layers"]["w_up"])))
+        np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-5)
+        np.testing.assert_allclose(got[0][1], got[1][1], atol=1e-6)
+    pol = new_policy(cfg, seed=0, mlp_chunks=3)
+    graphdef, params = pol.split()
+    with pytest.raises(ValueError, match="model.mlp_chunks=3 must divide"):
+        train_step(graphdef, params, tx.init(params), batch, tx=tx, cfg=LossConfig())
+    with pytest.raises(ValueError, match="model.mlp_chunks=0"):
+        new_policy(cfg, mlp_chunks=0)
+
+
 def test_recomputed_logprobs_equal_sampler_logprobs():
     """With unchanged weights, recomputing old logprobs gives the sampler's (PPO ratio = 1)."""
     from supo_jax.rl.train_step import LossConfig, recompute_logprobs

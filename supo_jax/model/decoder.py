@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec as P
 
 from supo_jax.model import platform
 from supo_jax.model.attention import causal_attention, resolve, xla_attention
@@ -211,6 +212,7 @@ class Frame:
     precision: object          # lax.Precision of every matmul, None = the backend's default
     dtype: object              # compute dtype
     lora_scale: float = 0.0    # alpha / r of the adapters (supo_jax.model.lora); 0 = none
+    mlp_chunks: int = 1        # the training path's MLP over the tokens in this many chunks
 
     def mm(self, a, w):
         return jnp.matmul(a, w.astype(self.dtype), precision=self.precision)
@@ -274,8 +276,37 @@ def block(cfg: ModelConfig, f: Frame, x, lw: dict, cache: KVCache | None = None,
     o, cache = attend(f, q, k, v, cache, i)
     x = x + f.proj(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw, "wo")
     h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
-    x = x + f.proj(jax.nn.silu(f.proj(h, lw, "w_gate")) * f.proj(h, lw, "w_up"), lw, "w_down")
-    return x, cache
+    if f.mlp_chunks > 1 and cache is None:
+        return x + chunked_mlp(f, h, lw, f.mlp_chunks), cache
+    return x + mlp(f, h, lw), cache
+
+
+def mlp(f: Frame, h, lw: dict):
+    """The gated MLP of the normed input h [B, T, E]."""
+    return f.proj(jax.nn.silu(f.proj(h, lw, "w_gate")) * f.proj(h, lw, "w_up"), lw, "w_down")
+
+
+# an MLP weight gathered over the batch axes (fsdp), still split over tensor
+_GATHERED = {"w_gate": P(None, "tensor"), "w_up": P(None, "tensor"), "w_down": P("tensor", None)}
+
+
+def chunked_mlp(f: Frame, h, lw: dict, n: int):
+    """mlp over the tokens in n chunks, each recomputed in the backward on its own: one
+    chunk's intermediates ([B, T / n, F] each) live at a time, not the whole row's (on a chip
+    holding 49,152 tokens the backward of one layer's MLP kept twelve [6, 8192, 14336] bf16
+    buffers: experiments/LOG.md, 2026-12-06). The layer's weights are gathered once, before
+    the chunks (else each chunk's backward gathers them again). Rows of T tokens, T % n == 0
+    (a ValueError otherwise, when traced)."""
+    b, t, e = h.shape
+    if t % n:
+        raise ValueError(f"model.mlp_chunks={n} must divide the row length ({t} tokens)")
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and "fsdp" in mesh.axis_names and "tensor" in mesh.axis_names:
+        lw = {k: (jax.lax.with_sharding_constraint(w, _GATHERED[k])
+                  if k in _GATHERED and w.dtype != jnp.int8 else w) for k, w in lw.items()}
+    chunks = h.reshape(b, n, t // n, e).swapaxes(0, 1)            # [n, B, T / n, E]
+    out = jax.lax.map(jax.checkpoint(lambda c: mlp(f, c, lw)), chunks)
+    return out.swapaxes(0, 1).reshape(b, t, -1)
 
 
 class Layers(nnx.Module):
@@ -327,7 +358,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, param_dtype=jnp.float32, dtype=jnp.float32,
                  remat="auto", attention: str = "auto", precision: str = "auto",
-                 rngs: nnx.Rngs | None = None):
+                 mlp_chunks: int = 1, rngs: nnx.Rngs | None = None):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.cfg = cfg
         self.dtype = dtype
@@ -339,6 +370,9 @@ class Decoder(nnx.Module):
         if precision not in PRECISIONS:
             raise ValueError(f"model.precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         self.remat, self.attention, self.precision = remat, attention, precision
+        if int(mlp_chunks) < 1:
+            raise ValueError(f"model.mlp_chunks={mlp_chunks} must be at least 1")
+        self.mlp_chunks = int(mlp_chunks)
         self.lora = None           # supo_jax.model.lora.LoRA once adapters are added
         E, V = cfg.hidden_size, cfg.vocab_size
         self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (V, E), param_dtype))
@@ -511,7 +545,8 @@ class Decoder(nnx.Module):
             mask = jnp.arange(span)[None, None, :] <= positions[:, :, None]
         return Frame(cos, sin, positions, segment_ids, span, mask, self.attention,
                      self.matmul_precision(), dt,
-                     self.lora.scale if self.lora is not None else 0.0)
+                     self.lora.scale if self.lora is not None else 0.0,
+                     getattr(self, "mlp_chunks", 1))
 
 
 def _device_bytes() -> int:
