@@ -315,3 +315,43 @@ def test_a_bucket_file_whose_block_raises_is_not_uploaded(bucket, mode):
     f.write(text("closed by hand"))
     f.close()
     assert storage.read_text(old) == "closed by hand"
+
+
+HOST_SCRIPT = r'''
+import os, sys, time
+os.getpid = lambda: 4242                      # identical VMs: the same process id
+from supo_jax import storage
+root, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):                 # both start together
+    time.sleep(0.01)
+for _ in range(5):
+    storage.ensure_dir(storage.join(root, "run"), "train.run_dir")
+storage.rmtree(storage.join(root, "sft_ckpt"))   # both remove what the other removes too
+print("ok")
+'''
+
+
+def test_two_hosts_check_and_clean_one_bucket_directory_at_once(bucket, tmp_path):
+    """Two processes (two hosts of one run, with the same process id) check that the run
+    directory is writable and remove one checkpoint directory at the same moment, on the
+    emulator: neither fails (the write check's probe named by the process id alone was one
+    object both deleted; an rmtree that found the other's deletions raised)."""
+    import subprocess
+    import sys
+
+    root = storage.join(bucket, "hosts")
+    for i in range(40):
+        storage.write_text(storage.join(root, "sft_ckpt", f"shard_{i}"), "x")
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+    procs = [subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, root, str(go)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    import time
+    time.sleep(2)                     # both imported and waiting
+    go.write_text("go")
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    assert not storage.exists(storage.join(root, "sft_ckpt"))
+    assert not storage.exists(storage.join(root, "run"))      # no probe left behind
