@@ -526,6 +526,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
     from supo_jax.model.attention import IMPLS
     from supo_jax.model.decoder import PRECISIONS, REMAT
+    if cfg.model.mlp_chunks < 1:
+        raise ConfigError(f"model.mlp_chunks={cfg.model.mlp_chunks}: at least 1 (1: the MLP "
+                          "over whole rows)")
     for key, allowed in (("remat", REMAT), ("attention", IMPLS), ("precision", PRECISIONS)):
         if getattr(cfg.model, key) not in allowed:
             raise ConfigError(f"model.{key}={getattr(cfg.model, key)!r} is not one of "

@@ -90,15 +90,15 @@ def test_sharded_train_step_matches_single_device():
 def test_an_mlp_in_token_chunks_trains_as_the_whole_rows_mlp():
     """model.mlp_chunks: each layer's MLP over a row's tokens in chunks (one chunk's
     intermediates live at a time in the backward; here inside the layer's own remat,
-    offload) gives the loss and the update of the unchunked MLP, on one device and with the
-    weights sharded over fsdp and tensor (where the chunks use the layer's weights gathered
-    once); a chunk count that does not divide the rows is an error naming the setting."""
+    offload) gives the loss and the update of the unchunked MLP with the weights sharded over
+    fsdp and tensor (the chunks use the layer's weights gathered once); a chunk count that
+    does not divide the rows is an error naming the setting."""
     from supo_jax.model.sharding import batch_sharding, mesh_scope
 
     cfg = tiny_config("qwen2", vocab_size=97)
     batch = build_batch(_segments(), list(np.linspace(-1, 1, 8)), max_len=32, rows_multiple=8)
     tx = make_optimizer(1e-3)
-    for mesh in (None, make_mesh(1, 4, 2)):
+    for mesh in (make_mesh(1, 4, 2),):
         got = []
         for chunks in (1, 4):
             pol = new_policy(cfg, seed=0, mesh=mesh, mlp_chunks=chunks, remat="offload")
@@ -117,6 +117,17 @@ def test_an_mlp_in_token_chunks_trains_as_the_whole_rows_mlp():
         train_step(graphdef, params, tx.init(params), batch, tx=tx, cfg=LossConfig())
     with pytest.raises(ValueError, match="model.mlp_chunks=0"):
         new_policy(cfg, mlp_chunks=0)
+    # a run's settings: refused at its start, in one line
+    from supo_jax.config import ConfigError, load_config
+    from supo_jax.rl.runs import row_len
+    with pytest.raises(ConfigError, match="model.mlp_chunks=0: at least 1"):
+        load_config(None, ["model.mlp_chunks=0"])
+    run = load_config(None, ["model.mlp_chunks=4", "optim.max_row_len=446"])
+    with pytest.raises(ConfigError, match="model.mlp_chunks=4 must divide the training row "
+                                          "length, 446 tokens here"):
+        row_len(run, None)
+    assert row_len(load_config(None, ["model.mlp_chunks=4", "optim.max_row_len=448"]),
+                   None) == 448
 
 
 def test_recomputed_logprobs_equal_sampler_logprobs():

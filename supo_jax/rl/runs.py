@@ -277,7 +277,15 @@ def check_prompt_fits(cfg: Config, fmt: ChatFormat, split: str = "train") -> Non
 
 
 def row_len(cfg: Config, fmt: ChatFormat) -> int:
-    return cfg.optim.max_row_len or cfg.context.row_bound(fmt)
+    """A training row's tokens: optim.max_row_len, else the context's row bound; a
+    model.mlp_chunks that does not divide it is a config error (at the run's start, not in
+    its first update)."""
+    t = cfg.optim.max_row_len or cfg.context.row_bound(fmt)
+    n = cfg.model.mlp_chunks
+    if n > 1 and t % n:
+        raise ConfigError(f"model.mlp_chunks={n} must divide the training row length, {t} "
+                          f"tokens here: set optim.max_row_len to a multiple of {n}")
+    return t
 
 
 def check_run_dir(run_dir: str, policy: Policy, *, record: bool = False) -> None:
