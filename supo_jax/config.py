@@ -68,9 +68,13 @@ class EnvSection:
     # -> reward speaking the OpenAI API, whose sessions are the run's rollouts; its tasks are
     # env.name's (that environment's task generator), its tools its own. "" = off: the
     # rollouts are env.name's own environment. "http": a harness in a process of its own
-    # claims the sessions over HTTP (GET /sessions/next on 127.0.0.1:harness_port)
+    # claims the sessions over HTTP (GET /sessions/next on 127.0.0.1:harness_port).
+    # "verifiers:MODULE:FUNCTION": a verifiers environment (FUNCTION returns it), played by the
+    # bridge the run starts in harness_python's venv (supo_jax/harnesses/verifiers_bridge.py)
     harness: str = ""
     harness_port: int = 0          # the sessions server's port in harness mode; 0 = a free one
+    # the python of the verifiers venv; "" = the cached one of supo_jax.harnesses.verifiers_venv
+    harness_python: str = ""
     knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
     eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
     train_tasks: int = 4096
@@ -383,13 +387,18 @@ def import_env_modules(env: EnvSection) -> None:
 def load_harness(env: EnvSection):
     """The function env.harness names ("module:function"), its module looked up as env.imports'
     are; a ConfigError names one that does not import or is not a function. None for "http"
-    (an out-of-process harness)."""
+    (an out-of-process harness: "http", or "verifiers:MODULE:FUNCTION", whose bridge
+    harness_mode starts)."""
     if env.harness == "http":
+        return None
+    if env.harness.startswith("verifiers:"):
+        verifiers_python(env)
         return None
     mod, sep, name = env.harness.partition(":")
     if not (sep and mod and name):
         raise ConfigError(f"env.harness={env.harness!r}: \"module:function\" expected (a function "
-                          "episode(task, client, model) -> reward), or \"http\"")
+                          "episode(task, client, model) -> reward), \"http\" or "
+                          "\"verifiers:MODULE:FUNCTION\"")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -400,6 +409,23 @@ def load_harness(env: EnvSection):
     if not callable(fn):
         raise ConfigError(f"env.harness={env.harness!r}: module {mod!r} has no function {name!r}")
     return fn
+
+
+def verifiers_python(env: EnvSection) -> str:
+    """The python that runs env.harness="verifiers:MODULE:FUNCTION"'s bridge (env.harness_python,
+    or the cached venv of supo_jax.harnesses.verifiers_venv); a ConfigError names a bad spec
+    or a python that is not there."""
+    _, mod, fn = (env.harness.split(":") + ["", ""])[:3]
+    if env.harness.count(":") != 2 or not mod or not fn:
+        raise ConfigError(f"env.harness={env.harness!r}: \"verifiers:MODULE:FUNCTION\" expected "
+                          "(FUNCTION returns a verifiers environment)")
+    from supo_jax.harnesses import verifiers_venv
+    python = env.harness_python or verifiers_venv.python_of(verifiers_venv.default_dir())
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ConfigError(f"env.harness_python={python!r} is not an executable python: make "
+                          "the verifiers venv with `python -m supo_jax.harnesses.verifiers_venv` "
+                          "(or name one with env.harness_python)")
+    return python
 
 
 def _check_harness(cfg: Config) -> None:
@@ -665,7 +691,8 @@ RESUMABLE_KEYS = ("train.run_dir", "train.steps", "train.save_every", "train.kee
                   "train.eval_before", "train.expert_ceiling", "train.eval_temperature",
                   "train.eval_samples",
                   "train.eval_max_summaries", "train.progress", "train.accept_config_change",
-                  "env.eval_tasks", "env.eval_knobs", "env.harness_port")
+                  "env.eval_tasks", "env.eval_knobs", "env.harness_port",
+                  "env.harness_python")
 
 
 def config_changes(saved: dict, cfg, ignore: Sequence[str] = RESUMABLE_KEYS) -> list[str]:

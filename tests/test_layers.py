@@ -1,7 +1,7 @@
 """The package's layering (docs/ARCHITECTURE.md): every import inside supo_jax, at module level
 or inside a function, goes down or sideways in
 
-    utils, text, hlo_cost, storage  ->  model  ->  sampling  ->  envs  ->  agent  ->  rl, checkpoint, config, configs  ->  sweep, plan, serve  ->  cli
+    utils, text, hlo_cost, storage  ->  model  ->  sampling  ->  envs, harnesses  ->  agent  ->  rl, checkpoint, config, configs  ->  sweep, plan, serve  ->  cli
 
 and no group of modules imports itself in a cycle. A new upward import fails here with the
 line that made it."""
@@ -12,7 +12,7 @@ import os
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "supo_jax")
-LAYERS = [("utils", "text", "hlo_cost", "storage"), ("model",), ("sampling",), ("envs",), ("agent",),
+LAYERS = [("utils", "text", "hlo_cost", "storage"), ("model",), ("sampling",), ("envs", "harnesses"), ("agent",),
           ("rl", "checkpoint", "config", "configs"), ("sweep", "plan", "serve"), ("cli", "__init__")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

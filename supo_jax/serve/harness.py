@@ -254,10 +254,77 @@ def harness_mode(cfg):
     server = Running(build_app(None, sessions), port=cfg.env.harness_port)
     if harness is None:
         print(f"harness sessions: {server.url}/sessions/next", flush=True)
+    bridge = None
     try:
+        if cfg.env.harness.startswith("verifiers:"):
+            bridge = verifiers_bridge(cfg, server.url)
         with harness_envs_installed(harness_envs(harness, sessions, server.url,
                                                  timeout_s=cfg.env.timeout_s)):
             yield server.url
     finally:
         sessions.shutdown()
+        if bridge is not None:
+            bridge.stop()
         server.stop()
+
+
+class VerifiersBridge:
+    """The bridge process of env.harness="verifiers:MODULE:FUNCTION" (supo_jax/harnesses/
+    verifiers_bridge.py, run by the verifiers venv's python from the working directory):
+    started once its environment is loaded (its first line), stopped at the run's end."""
+
+    def __init__(self, argv: list[str], start_timeout_s: float = 300.0):
+        import os
+        import subprocess
+        import tempfile
+        import time
+
+        from supo_jax.config import ConfigError
+
+        self.err = tempfile.TemporaryFile("w+")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env=env)
+        self.line = self.proc.stdout.readline()   # "verifiers bridge: ... claims ...", or EOF
+        if not self.line.startswith("verifiers bridge:"):
+            self.proc.wait(timeout=start_timeout_s)
+            self.err.seek(0)
+            lines = [ln for ln in self.err.read().splitlines() if ln.strip()]
+            self.err.close()
+            raise ConfigError(f"env.harness: the verifiers bridge stopped at start (status "
+                              f"{self.proc.returncode}): {(lines or [''])[-1].strip()[:500]}")
+        print(self.line.strip(), flush=True)
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.started = time.monotonic()
+
+    def _drain(self):
+        for _ in self.proc.stdout:
+            pass
+
+    def stop(self) -> None:
+        import subprocess
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+
+
+def verifiers_bridge(cfg, url: str) -> VerifiersBridge:
+    """Start the bridge of cfg.env.harness="verifiers:MODULE:FUNCTION" against the sessions
+    server at `url`, `rollout.rows` sessions at a time (SUPO_JAX_VERIFIERS_LOG: its JSON log
+    of each session, appended)."""
+    import os
+
+    from supo_jax.config import verifiers_python
+    python = verifiers_python(cfg.env)
+    spec = cfg.env.harness.split(":", 1)[1]
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "harnesses", "verifiers_bridge.py")
+    argv = [python, script, url, spec, "--workers", str(max(1, cfg.rollout.rows))]
+    if os.environ.get("SUPO_JAX_VERIFIERS_LOG"):
+        argv += ["--log", os.environ["SUPO_JAX_VERIFIERS_LOG"]]
+    return VerifiersBridge(argv)

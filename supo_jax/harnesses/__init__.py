@@ -1,0 +1,1 @@
+"""Harnesses that run in environments of their own (docs/HARNESS.md)."""
