@@ -42,6 +42,8 @@ setup(
                  "gcp-storage-emulator>=2024.8",
                  # the serving endpoint driven by the official client (tests/test_serve.py)
                  "openai>=1.0", "httpx>=0.27",
+                 # benchmarks/serve.py's clients (as vLLM's serving benchmark's)
+                 "aiohttp>=3.9",
                  # what bfcl-eval's own `bfcl` command imports beyond ours (bfcl-eval itself
                  # goes in --no-deps: its pins clash; tests/test_bfcl_runner.py)
                  "overrides>=7.4", "tenacity>=8.2", "python-dotenv>=1.0", "tabulate>=0.9",

@@ -69,13 +69,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     run = common.Run("train_memory", args, argv)
     lengths = [1024, 2048] if args.smoke else [int(x) for x in args.lengths.split(",")]
+    size = {"layers": 1, "hidden": 64, "vocab": 4096} if args.smoke else {}   # compiles faster
     res = {m: [] for m in MODES}
     res["target_growth"] = TARGET_GROWTH
     for t in lengths:
         for mode in MODES:
             if mode == "plain" and t > args.plain_max:
                 continue
-            r = step_memory(t, mode)
+            r = step_memory(t, mode, **size)
             res[mode].append(r)
             print(f"T={t:6d} {mode:5s} (remat {r['remat']:4s}): temp {r['temp_bytes'] / 2**30:6.2f} GiB, "
                   f"total {r['total_bytes'] / 2**30:6.2f} GiB ([T, V] f32: "
