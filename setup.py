@@ -44,6 +44,8 @@ setup(
                  "openai>=1.0", "httpx>=0.27",
                  # benchmarks/serve.py's clients (as vLLM's serving benchmark's)
                  "aiohttp>=3.9",
+                 # makes the external harnesses' venvs (supo_jax/harnesses/verifiers_venv.py)
+                 "uv>=0.5",
                  # what bfcl-eval's own `bfcl` command imports beyond ours (bfcl-eval itself
                  # goes in --no-deps: its pins clash; tests/test_bfcl_runner.py)
                  "overrides>=7.4", "tenacity>=8.2", "python-dotenv>=1.0", "tabulate>=0.9",
