@@ -188,6 +188,40 @@ def test_chunked_logprobs_on_a_mesh_keep_rows_split_and_the_values():
     assert sizes and max(sizes) <= e * vocab, sizes
 
 
+@pytest.mark.parametrize("devices", [1, 8])
+def test_a_logits_chunk_is_cut_to_its_bytes_on_a_device(devices):
+    """chunk_bytes bounds a chunk's float32 logits on a device (tokens x the vocabulary it
+    holds), on one device and with the rows split over 8: the same values and gradients as
+    chunks of `chunk` tokens, and less scratch memory in the compiled backward."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from supo_jax.model.sharding import make_mesh
+
+    if jax.device_count() < devices:
+        pytest.skip("needs 8 devices (tests/conftest.py simulates them on the CPU)")
+    b, t, e, vocab = 8, 256, 32, 2048
+    ks = jax.random.split(jax.random.PRNGKey(3), 3)
+    x = jax.random.normal(ks[0], (b, t, e))
+    head = jax.random.normal(ks[1], (e, vocab))
+    y = jax.random.randint(ks[2], (b, t), 0, vocab)
+
+    def grad(chunk_bytes):
+        return jax.jit(jax.grad(lambda x, h: sum(v.sum() for v in chunked_logprobs(
+            x, h, y, chunk=2048, entropy_grad=True, chunk_bytes=chunk_bytes)), (0, 1)))
+
+    mesh = make_mesh(1, devices, 1, devices=jax.devices()[:devices])
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("fsdp")))
+        hs = jax.device_put(head, NamedSharding(mesh, P("fsdp")))
+        # a device's chunk: 2048 tokens (all its rows' tokens) = 16 MiB of logits, or 16 KiB
+        big, small = grad(1 << 30), grad(1 << 14)
+        temp = [f.lower(xs, hs).compile().memory_analysis().temp_size_in_bytes
+                for f in (big, small)]
+        for a, r in zip(small(xs, hs), big(xs, hs)):
+            np.testing.assert_allclose(a, r, atol=1e-4)
+    assert temp[1] < temp[0] / 4, temp
+
+
 @pytest.mark.parametrize("attention,remat", [("blockwise", "full"), ("blockwise", "dots"),
                                              ("splash", "none")])
 @pytest.mark.slow

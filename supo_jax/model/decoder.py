@@ -566,10 +566,17 @@ def _device_bytes() -> int:
         return 16 << 30
 
 
+LOGIT_CHUNK_BYTES = 1 << 28     # a device's float32 logits of one chunk: at most 256 MiB
+
+
 def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int = 1024,
-                     entropy_grad: bool = False, precision=None):
+                     entropy_grad: bool = False, precision=None,
+                     chunk_bytes: int = LOGIT_CHUNK_BYTES):
     """log softmax(x @ head / T)[targets] and the entropy of that distribution, `chunk`
     tokens at a time. x [B, T, E], head [E, V], targets [B, T] -> two float32 [B, T].
+    A chunk is also cut to `chunk_bytes` of float32 logits on a device (its tokens times
+    the vocabulary it holds): 8192 tokens of a 128K vocabulary are 4 GiB, and the backward
+    holds two such chunks (a 16 GiB v5e chip cannot).
 
     Each chunk's logits are formed, reduced (log-sum-exp, the target's logit, sum p * logit)
     and dropped; the backward recomputes them (jax.checkpoint), so memory holds one chunk's
@@ -608,10 +615,12 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
         ent = ls - jnp.sum(jnp.exp(zs - ls[..., None]) * zs, axis=-1)
         return logp, ent
 
+    v = head.shape[1] // (mesh.shape["tensor"] if tensor else 1)      # vocabulary a device
     if n > 1:                            # rows split over the mesh: chunk within each row
         from jax.sharding import PartitionSpec as P
 
-        c = max(1, min(t, chunk * n // b))          # `chunk` tokens a device a chunk
+        c = max(1, min(t, chunk * n // b,           # `chunk` tokens a device a chunk,
+                       chunk_bytes // (4 * v * (b // n))))   # at most chunk_bytes of logits
         pad = -t % c
         xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, e).transpose(1, 0, 2, 3)
         ys = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, -1, c)
@@ -623,7 +632,7 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
         back = lambda z: z.transpose(1, 0, 2).reshape(b, -1)[:, :t]   # noqa: E731
         return back(logp), back(ent)
     n = b * t
-    c = max(1, min(chunk, n))
+    c = max(1, min(chunk, n, chunk_bytes // (4 * v)))
     pad = -n % c
     xs = jnp.pad(x.reshape(n, e), ((0, pad), (0, 0))).reshape(-1, c, e)
     ys = jnp.pad(targets.reshape(n).astype(jnp.int32), (0, pad)).reshape(-1, c)
