@@ -94,6 +94,23 @@ def load_row(line: str) -> dict:
     return {k: float("nan") if v is None else v for k, v in json.loads(line).items()}
 
 
+def _summary_writer():
+    """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet:
+    its writer imports torch when installed (a second of a run's start) only to accept
+    torch tensors, and this log writes floats."""
+    import sys
+
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None          # `import torch` raises ImportError meanwhile
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsLog:
     """metrics.jsonl (one object per step) + TensorBoard event files, process 0 only."""
 
@@ -110,8 +127,7 @@ class MetricsLog:
         storage.write_text(self.path, "".join(kept))
         self.kept = [load_row(ln) for ln in kept]
         try:
-            from tensorboardX import SummaryWriter
-            self.tb = SummaryWriter(storage.join(run_dir, "tb"))
+            self.tb = _summary_writer()(storage.join(run_dir, "tb"))
         except ImportError:  # pragma: no cover - tensorboardX is a dependency
             self.tb = None
 
