@@ -70,7 +70,9 @@ class EnvSection:
     # rollouts are env.name's own environment. "http": a harness in a process of its own
     # claims the sessions over HTTP (GET /sessions/next on 127.0.0.1:harness_port).
     # "verifiers:MODULE:FUNCTION": a verifiers environment (FUNCTION returns it), played by the
-    # bridge the run starts in harness_python's venv (supo_jax/harnesses/verifiers_bridge.py)
+    # bridge the run starts in harness_python's venv (supo_jax/harnesses/verifiers_bridge.py).
+    # "tau2:DOMAIN": tau2-bench's orchestrator and evaluator on DOMAIN (mock; env.name
+    # tau2/DOMAIN), the same way (supo_jax/harnesses/tau2_bridge.py)
     harness: str = ""
     harness_port: int = 0          # the sessions server's port in harness mode; 0 = a free one
     # the python of the external harnesses' venv (verifiers, tau2); "" = the cached one of
@@ -388,18 +390,18 @@ def import_env_modules(env: EnvSection) -> None:
 def load_harness(env: EnvSection):
     """The function env.harness names ("module:function"), its module looked up as env.imports'
     are; a ConfigError names one that does not import or is not a function. None for "http"
-    (an out-of-process harness: "http", or "verifiers:MODULE:FUNCTION", whose bridge
-    harness_mode starts)."""
+    (an out-of-process harness: "http", or "verifiers:MODULE:FUNCTION" and "tau2:DOMAIN", whose
+    bridge harness_mode starts)."""
     if env.harness == "http":
         return None
-    if env.harness.startswith("verifiers:"):
+    if env.harness.startswith(("verifiers:", "tau2:")):
         verifiers_python(env)
         return None
     mod, sep, name = env.harness.partition(":")
     if not (sep and mod and name):
         raise ConfigError(f"env.harness={env.harness!r}: \"module:function\" expected (a function "
-                          "episode(task, client, model) -> reward), \"http\" or "
-                          "\"verifiers:MODULE:FUNCTION\"")
+                          "episode(task, client, model) -> reward), \"http\", "
+                          "\"verifiers:MODULE:FUNCTION\" or \"tau2:DOMAIN\"")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -413,11 +415,15 @@ def load_harness(env: EnvSection):
 
 
 def verifiers_python(env: EnvSection) -> str:
-    """The python that runs env.harness="verifiers:MODULE:FUNCTION"'s bridge (env.harness_python,
-    or the cached venv of supo_jax.harnesses.verifiers_venv); a ConfigError names a bad spec
-    or a python that is not there."""
+    """The python that runs env.harness="verifiers:MODULE:FUNCTION"'s (or "tau2:DOMAIN"'s)
+    bridge (env.harness_python, or the cached venv of supo_jax.harnesses.verifiers_venv); a
+    ConfigError names a bad spec or a python that is not there."""
     _, mod, fn = (env.harness.split(":") + ["", ""])[:3]
-    if env.harness.count(":") != 2 or not mod or not fn:
+    if env.harness.startswith("tau2:"):
+        if env.harness.count(":") != 1 or not mod:
+            raise ConfigError(f"env.harness={env.harness!r}: \"tau2:DOMAIN\" expected (a "
+                              "tau2-bench domain: mock; env.name tau2/DOMAIN)")
+    elif env.harness.count(":") != 2 or not mod or not fn:
         raise ConfigError(f"env.harness={env.harness!r}: \"verifiers:MODULE:FUNCTION\" expected "
                           "(FUNCTION returns a verifiers environment)")
     from supo_jax.harnesses import verifiers_venv
@@ -470,6 +476,12 @@ def validate(cfg: Config) -> Config:
     _check_knobs(cfg.env)
     if cfg.env.harness:
         _check_harness(cfg)
+    tau2 = cfg.env.harness.startswith("tau2:")
+    if (cfg.env.name.startswith("tau2/") or tau2) and (
+            not tau2 or cfg.env.name != "tau2/" + cfg.env.harness.split(":", 1)[1]):
+        raise ConfigError(f"env.name={cfg.env.name!r} with env.harness={cfg.env.harness!r}: a "
+                          "tau2-bench domain is played by its bridge: env.name=tau2/DOMAIN with "
+                          "env.harness=tau2:DOMAIN")
     if cfg.model.path == "tiny":   # the tiny policy asked for by name
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="",
                                                                  pretrained=False))

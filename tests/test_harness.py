@@ -279,6 +279,53 @@ def test_requests_are_read_against_the_held_conversation():
             sess.new_turn(bad)
 
 
+def test_a_greeting_before_the_first_user_message_is_folded_into_the_prompt():
+    """sessions.first_turn, pure: [system,] [assistant...,] user (tau2-bench's agent greets
+    first); the greeting is context of s1 (not sampled, not trained); other shapes are a 400."""
+    system, hi = {"role": "system", "content": "S"}, {"role": "assistant", "content": "Hi!"}
+    user = {"role": "user", "content": "go"}
+    assert sess.first_turn([user]) == (None, "go")
+    assert sess.first_turn([system, user]) == ("S", "go")
+    assert sess.first_turn([system, hi, user]) == ("S", "Assistant: Hi!\n\ngo")
+    assert sess.first_turn([hi, hi, user]) == (None, "Assistant: Hi!\n\nAssistant: Hi!\n\ngo")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}
+    for bad in ([], [system], [system, hi], [user, user], [system, system, user],
+                [hi, system, user], [{"role": "tool", "content": "x"}, user],
+                [system, dict(hi, tool_calls=[call]), user]):
+        with pytest.raises(sess.ApiError) as e:
+            sess.first_turn(bad)
+        assert (e.value.status, e.value.code) == (400, "unsupported_first_request")
+
+
+def test_a_harness_that_greets_first_runs_and_keeps_its_greeting_held(fmt, served):
+    """The greeting is resent with every request (it is held, as the harness sent it) and the
+    rollouts are the built-in loop's but for the prompt, which begins with it."""
+    sessions, url = served
+    episode = doc_episode()
+
+    class Greeting:        # the doc's harness, its client's requests led by a greeting
+        def __init__(self, client):
+            self.chat = self
+            self.completions = self
+            self.client = client
+
+        def create(self, messages, **kw):
+            return self.client.chat.completions.create(messages=[
+                {"role": "assistant", "content": "Hi! How can I help you today?"}] + messages,
+                **kw)
+
+    tasks = _tasks(1)
+    rollouts = _run(fmt, SUPO, harness_envs(lambda t, c, m: episode(t, Greeting(c), m),
+                                            sessions, url), tasks)
+    builtin = _run(fmt, SUPO, lambda: make_env(ENV), tasks)
+    for r, b in zip(rollouts, builtin):
+        assert r.reason == "answer" and r.reward == 1.0
+        assert r.transcript[0]["content"] == ("Assistant: Hi! How can I help you today?\n\n"
+                                              + b.transcript[0]["content"])
+        assert r.env_info["rewritten"] == 0
+    assert len(sessions) == 0
+
+
 @pytest.mark.slow   # ~15 s on 2 cores: a policy's compile and an update
 def test_a_harness_trains_the_tiny_policy_one_step_through_the_server(served):
     """A random tiny policy (PolicyActor) behind the sessions: the harness's rollouts carry

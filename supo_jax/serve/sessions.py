@@ -120,12 +120,21 @@ def new_turn(new: list[dict]) -> tuple[str, str]:
 
 
 def first_turn(messages) -> tuple[str | None, str]:
-    """(system, prompt) of a session's first request: [system,] user."""
+    """(system, prompt) of a session's first request: [system,] [assistant...,] user. An
+    assistant message before the first user message (a harness's canned greeting, e.g.
+    tau2-bench's agent's "Hi! How can I help you today?") was not sampled: it is context of
+    the initial prompt s1, not trained, folded into the prompt before the user's message as
+    "Assistant: {content}" (blank lines between); it may not make tool calls."""
     roles = [m["role"] for m in messages]
-    if roles not in (["user"], ["system", "user"]):
-        raise session_error(f"a session's first request holds [system,] user messages; this "
-                            f"one holds {roles}", 400, "unsupported_first_request", "messages")
-    return (messages[0]["content"] if len(messages) == 2 else None), messages[-1]["content"]
+    body = roles[1:] if roles[:1] == ["system"] else roles
+    if (not body or body[-1] != "user" or set(body[:-1]) - {"assistant"}
+            or any(m.get("tool_calls") for m in messages if m["role"] == "assistant")):
+        raise session_error(f"a session's first request holds [system,] [assistant...,] user "
+                            f"messages (the assistant ones without tool calls); this one holds "
+                            f"{roles}", 400, "unsupported_first_request", "messages")
+    said = [f"Assistant: {m['content']}" for m in messages if m["role"] == "assistant"]
+    system = messages[0]["content"] if roles[0] == "system" else None
+    return system, "\n\n".join(said + [messages[-1]["content"]])
 
 
 def reply(text: str, tools, formats, model: str) -> tuple[dict, dict]:
