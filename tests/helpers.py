@@ -120,3 +120,32 @@ def wait_while_running(proc, done, timeout: float = 300) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout and proc.poll() is None and not done():
         time.sleep(0.05)
+
+
+def train_through_bridge(python: str, tmp_path, config: str, sets) -> tuple[str, list, str]:
+    """`supo-jax train --config CONFIG` with `sets`, its external harness's bridge run by the
+    harnesses' venv `python` (the run's working directory tmp_path, the bridge's log of
+    sessions SUPO_JAX_VERIFIERS_LOG): (its stdout, its metrics rows, the log's path), the run
+    checked to have taken 2 steps through the sessions, none rewritten."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_dir, log = str(tmp_path / "run"), str(tmp_path / "bridge.jsonl")
+    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", config,
+           "--set", f"env.harness_python={python}", "--set", f"train.run_dir={run_dir}"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, SUPO_JAX_VERIFIERS_LOG=log,
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(x) for x in f if x.strip()]
+    rows = [x for x in metrics if "loss" in x]
+    assert [x["step"] for x in rows] == [1, 2]
+    assert all(math.isfinite(x["loss"]) for x in rows)
+    assert all(x["harness_requests"] > 0 and x["harness_rewritten"] == 0 for x in rows)
+    return r.stdout, metrics, log

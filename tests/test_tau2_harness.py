@@ -15,7 +15,6 @@ orchestrator, its user scripted, and posts tau2's reward: the ground truth behin
 scores 1.0 on each task, and the tiny policy trains two SUPO steps on tau2's rewards.
 """
 import json
-import math
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 import pytest
 
 from supo_jax.harnesses.tau2_expert import STOP, Tau2Expert
+from tests.helpers import train_through_bridge
 
 pytestmark = pytest.mark.xdist_group("test_verifiers_harness")   # the venv, made once
 
@@ -253,22 +253,8 @@ def test_the_tau2_bridge_posts_tau2s_reward_of_the_ground_truth(python, mock_tas
 def test_tau2_mock_trains_two_supo_steps_on_tau2s_reward(python, tmp_path):
     """2 SUPO steps of the tiny policy, every rollout a conversation of tau2's orchestrator on
     the mock domain, its reward tau2's evaluation posted by the tau2 bridge."""
-    run_dir, log = str(tmp_path / "run"), str(tmp_path / "bridge.jsonl")
-    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
-           "--set", f"env.harness_python={python}", "--set", f"train.run_dir={run_dir}"]
-    for x in SETS:
-        cmd += ["--set", x]
-    env = dict(os.environ, SUPO_JAX_VERIFIERS_LOG=log,
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "tau2 bridge: mock (9 tasks) claims" in r.stdout
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = [json.loads(x) for x in f if x.strip()]
-    rows = [x for x in metrics if "loss" in x]
-    assert [x["step"] for x in rows] == [1, 2]
-    assert all(math.isfinite(x["loss"]) for x in rows)
-    assert all(x["harness_requests"] > 0 and x["harness_rewritten"] == 0 for x in rows)
+    out, _, log = train_through_bridge(python, tmp_path, CONFIG, SETS)
+    assert "tau2 bridge: mock (9 tasks) claims" in out
     with open(log) as f:
         sessions = [json.loads(x) for x in f]
     # every rollout (2 steps x 2 tasks x 2, and the two evaluations' one each) was a session

@@ -4,7 +4,6 @@ its environment of fncall/pages (supo_jax/harnesses/verifiers_fncall.py) played 
 bridge the run starts (env.harness="verifiers:MODULE:FUNCTION"), the rewards verifiers'
 scoring gives its traces."""
 import json
-import math
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import pytest
 
 from supo_jax.config import ConfigError, load_config
+from tests.helpers import train_through_bridge
 
 pytestmark = pytest.mark.xdist_group("test_verifiers_harness")
 
@@ -77,23 +77,10 @@ def test_a_verifiers_environment_trains_two_supo_steps(python, tmp_path):
     by the server, and the rewards of the sessions that ended in verifiers posted by the
     bridge from verifiers' scoring of the trace."""
     (tmp_path / "my_verifiers_env.py").write_text(MODULE)
-    run_dir, log = str(tmp_path / "run"), str(tmp_path / "bridge.jsonl")
-    cmd = [sys.executable, "-m", "supo_jax.cli", "train", "--config", CONFIG,
-           "--set", "env.harness=verifiers:my_verifiers_env:pages",
-           "--set", f"env.harness_python={python}", "--set", f"train.run_dir={run_dir}"]
-    for s in SETS:
-        cmd += ["--set", s]
-    env = dict(os.environ, SUPO_JAX_VERIFIERS_LOG=log,
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "verifiers bridge: my_verifiers_env:pages claims" in r.stdout
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = [json.loads(x) for x in f if x.strip()]
+    out, metrics, log = train_through_bridge(
+        python, tmp_path, CONFIG, ["env.harness=verifiers:my_verifiers_env:pages", *SETS])
+    assert "verifiers bridge: my_verifiers_env:pages claims" in out
     rows = [x for x in metrics if "loss" in x]
-    assert [x["step"] for x in rows] == [1, 2]
-    assert all(math.isfinite(x["loss"]) for x in rows)
-    assert all(x["harness_requests"] > 0 and x["harness_rewritten"] == 0 for x in rows)
     # the server summarized (tests/test_harness_train.py: at temperature 1 the untrained
     # policy's summaries run to their budget, summary_cut; a greedy evaluation's are made:
     # the one before training, whose rollout then ended in verifiers)
