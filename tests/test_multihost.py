@@ -16,6 +16,7 @@ import json
 import os
 import re
 import socket
+import signal
 import subprocess
 import sys
 
@@ -63,9 +64,16 @@ def _launch(cmd: list[str], n: int, devices: int, **extra: str) -> list[subproce
         if n > 1:
             env.update(SUPO_JAX_COORDINATOR=f"localhost:{port}", SUPO_JAX_NUM_PROCESSES=str(n),
                        SUPO_JAX_PROCESS_ID=str(i))
+        # SIGINT as a terminal delivers it (KeyboardInterrupt), also where this suite runs
+        # as a background job, whose children start with SIGINT ignored
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                      preexec_fn=_sigint_default))
     return procs
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float = 400,
