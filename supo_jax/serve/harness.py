@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import queue
+import subprocess
+import tempfile
 import threading
 from typing import Callable
 
@@ -277,11 +280,6 @@ class VerifiersBridge:
 
     def __init__(self, argv: list[str], start_timeout_s: float = 300.0,
                  name: str = "verifiers bridge"):
-        import os
-        import subprocess
-        import tempfile
-        import time
-
         from supo_jax.config import ConfigError
 
         self.err = tempfile.TemporaryFile("w+")
@@ -298,14 +296,12 @@ class VerifiersBridge:
                               f"{self.proc.returncode}): {(lines or [''])[-1].strip()[:500]}")
         print(self.line.strip(), flush=True)
         threading.Thread(target=self._drain, daemon=True).start()
-        self.started = time.monotonic()
 
     def _drain(self):
         for _ in self.proc.stdout:
             pass
 
     def stop(self) -> None:
-        import subprocess
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -320,8 +316,6 @@ def verifiers_bridge(cfg, url: str) -> VerifiersBridge:
     """Start the bridge of cfg.env.harness ("verifiers:MODULE:FUNCTION", or "tau2:DOMAIN")
     against the sessions server at `url`, `rollout.rows` sessions at a time
     (SUPO_JAX_VERIFIERS_LOG: its JSON log of each session, appended)."""
-    import os
-
     from supo_jax.config import verifiers_python
     python = verifiers_python(cfg.env)
     kind, spec = cfg.env.harness.split(":", 1)
