@@ -1,9 +1,10 @@
 """Harness mode (docs/HARNESS.md): rollouts whose environment is an OpenAI-API harness
 talking to the sessions server, against the built-in loop on the same tasks.
 
-The same random tiny policy (PolicyActor over tests/test_harness.py's tiny policy: qwen2
-family, hidden 64, 2 layers, float32, the tiny BPE tokenizer), greedy decoding, the same
-tasks and seeds, the supo context manager, run twice through
+A random policy (qwen2 family, float32, the tiny BPE tokenizer; --policies: by default
+hidden 256 x 4 layers, 3.5M parameters, the serving benchmark's, then hidden 64 x 2 layers,
+0.14M, tests/test_harness.py's tiny policy), greedy decoding, the same tasks and seeds, the
+supo context manager, run twice through
 supo_jax.agent.rollout.run_rollouts with `--sessions` rollouts (one per task) in as many
 rows:
 
@@ -77,6 +78,17 @@ def _tokens(rollouts):
             for r in rollouts]
 
 
+def _policy_shapes(text: str) -> list[tuple[int, int]]:
+    """--policies "256x4,64x2" -> [(hidden, layers), ...]."""
+    try:
+        out = [tuple(int(v) for v in p.split("x")) for p in text.split(",") if p.strip()]
+    except ValueError:
+        out = []
+    if not out or any(len(p) != 2 or min(p) < 1 for p in out):
+        raise SystemExit(f"--policies {text!r}: HIDDENxLAYERS, comma-separated (e.g. 256x4,64x2)")
+    return out
+
+
 def main(argv=None):
     ap = common.parser(__doc__)
     ap.add_argument("--sessions", type=int, default=32,
@@ -87,33 +99,60 @@ def main(argv=None):
     ap.add_argument("--max-summaries", type=int, default=2)
     ap.add_argument("--max-action-tokens", type=int, default=24)
     ap.add_argument("--max-summary-tokens", type=int, default=32)
+    ap.add_argument("--policies", default="256x4,64x2",
+                    help="random policies HIDDENxLAYERS, each measured; the first is the "
+                         "headline (and the target's): 256x4, the serving benchmark's 3.5M; "
+                         "64x2, the tests' 0.14M tiny policy")
     ap.add_argument("--warmup", type=int, default=2,
                     help="untimed runs of each way first (compiling the shapes its batches take)")
     args = ap.parse_args(argv)
+    shapes = _policy_shapes(args.policies)
     if args.smoke:
         args.sessions, args.max_steps, args.max_summaries, args.warmup = 2, 3, 1, 1
+        shapes = [(64, 2)]
     repeats = args.repeats or (1 if args.smoke else 3)
     run = common.Run("harness", args, argv)
 
     from supo_jax.agent.context import ContextConfig
     from supo_jax.agent.render import ChatFormat
-    from supo_jax.agent.rollout import PolicyActor, run_rollouts
-    from supo_jax.envs.base import make_env, make_tasks
-    from supo_jax.model.policy import new_policy
-    from supo_jax.model.tiny import tiny_config, tiny_tokenizer
-    from supo_jax.sampling.sampler import SamplingParams
-    from supo_jax.serve.app import Running, build_app
-    from supo_jax.serve.harness import harness_envs
-    from supo_jax.serve.sessions import Sessions
+    from supo_jax.envs.base import make_tasks
+    from supo_jax.model.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     fmt = ChatFormat(tok)
-    policy = new_policy(tiny_config("qwen2", vocab_size=len(tok)), seed=0, tokenizer=tok)
     ctx = ContextConfig("supo", args.working_context, max_steps=args.max_steps,
                         max_summaries=args.max_summaries,
                         max_action_tokens=args.max_action_tokens,
                         max_summary_tokens=args.max_summary_tokens, trigger_rule="reserve")
     tasks = make_tasks(ENV, "train", args.sessions, seed=0, size=args.size)
+    measured = [measure(tok, fmt, ctx, tasks, h, layers, args, repeats) for h, layers in shapes]
+    results, mc = measured[0]
+    results["other_policies"] = [
+        {"params": m.num_params, "hidden": m.hidden_size, "layers": m.num_layers,
+         "ratio": r["ratio"], "rollouts_ratio": r["rollouts_ratio"],
+         "identical_rollouts": r["identical_rollouts"],
+         "builtin_tokens_per_s": r["variants"]["builtin"]["tokens_per_s"],
+         "harness_tokens_per_s": r["variants"]["harness"]["tokens_per_s"]}
+        for r, m in measured[1:]]
+    config = {"env": ENV, "size": args.size, "sessions": args.sessions, "rows": args.sessions,
+              **common.rollout_config(ctx, mc, ctx.row_bound(fmt), repeats)}
+    run.write(results, config=config)
+
+
+def measure(tok, fmt, ctx, tasks, hidden: int, layers: int, args, repeats: int):
+    """Both ways on a random policy of this width and depth: (results, its model config)."""
+    from supo_jax.agent.rollout import PolicyActor, run_rollouts
+    from supo_jax.envs.base import make_env
+    from supo_jax.model.policy import new_policy
+    from supo_jax.model.tiny import tiny_config
+    from supo_jax.sampling.sampler import SamplingParams
+    from supo_jax.serve.app import Running, build_app
+    from supo_jax.serve.harness import harness_envs
+    from supo_jax.serve.sessions import Sessions
+
+    mlp = 128 if (hidden, layers) == (64, 2) else 3 * hidden     # 64x2: the tests' policy
+    policy = new_policy(tiny_config("qwen2", vocab_size=len(tok), hidden=hidden, layers=layers,
+                                    mlp=mlp), seed=0, tokenizer=tok)
     max_len = ctx.row_bound(fmt)
     n = args.sessions
     mc = policy.config
@@ -188,22 +227,20 @@ def main(argv=None):
             "reasons": sorted({r.reason for r in ro}),
             "harness_reasons": sorted({r.reason for r in hro})},
         "targets": [{"what": f"harness-mode rollout tokens/s vs the built-in loop "
-                             f"({n} sessions, CPU)",
+                             f"({n} sessions, CPU, the {mc.num_params / 1e6:.2f}M policy)",
                      "target": f">= {TARGET:g}x", "measured": f"{ratio['median']:.2f}x",
                      "met": ratio["median"] >= TARGET}],
     }
-    config = {"env": ENV, "size": args.size, "sessions": n, "rows": n,
-              **common.rollout_config(ctx, mc, max_len, repeats)}
     print(f"harness / builtin generated tokens/s: median {ratio['median']:.2f}x (min "
           f"{ratio['min']:.2f}, max {ratio['max']:.2f}); rollouts/s "
           f"{variants['harness']['rollouts_per_s']['median']:.2f} vs "
           f"{variants['builtin']['rollouts_per_s']['median']:.2f}; identical rollouts: "
           f"{results['identical_rollouts']} ({rows_same}/{n} in the first runs)")
-    run.write(results, config=config)
+    return results, mc
 
 
 def limits(res: dict) -> str:
-    """Why the ratio falls short of the target (empty when met)."""
+    """Why the headline ratio falls short of the target (empty when met)."""
     r = res["results"]
     x = r["ratio"]["median"]
     if x >= TARGET:
@@ -212,10 +249,10 @@ def limits(res: dict) -> str:
             f"{TARGET:g}x: every turn of a harness rollout is an HTTP request carrying the whole "
             "history, and its CPU work (the openai SDK transforming the request's typed "
             "parameters, about 0.17 ms a message of history: 5.6 ms at 33 messages; HTTP; the "
-            "server's parsing and history check) runs on the cores that decode; with the tiny "
-            "policy a decode call is cheap, so that work weighs most here. The harness in a "
-            "process of its own (the http protocol) measured the same ratio: the cost is CPU, "
-            "not the interpreter lock (experiments/LOG.md, 2026-12-06).\n")
+            "server's parsing and history check) runs on the cores that decode; the smaller the "
+            "policy, the more that work weighs. The harness in a process of its own (the http "
+            "protocol) measured the same ratio: the cost is CPU, not the interpreter lock "
+            "(experiments/LOG.md, 2026-12-06).\n")
 
 
 def markdown(res: dict) -> str:
@@ -250,7 +287,20 @@ Harness / built-in, per round: generated tokens/s **{x['median']:.2f}x** ({x['mi
 rollouts/s {xr['median']:.2f}x; identical rollouts (every segment's token ids, every run against
 the built-in loop's first): **{'yes' if r['identical_rollouts'] else 'no'}**
 ({r['identical_rollouts_share'] * 100:.0f}% of rollouts identical in the first runs).
-"""
+{_others(r)}"""
+
+
+def _others(r: dict) -> str:
+    """The same measurement on the other policies (--policies), one line each."""
+    lines = [f"\nThe same on a random policy of {o['params'] / 1e6:.2f}M parameters (hidden "
+             f"{o['hidden']}, {o['layers']} layers): generated tokens/s "
+             f"{o['builtin_tokens_per_s']['median']:.1f} built-in, "
+             f"{o['harness_tokens_per_s']['median']:.1f} harness: **{o['ratio']['median']:.2f}x** "
+             f"({o['ratio']['min']:.2f}-{o['ratio']['max']:.2f}x); identical rollouts: "
+             f"{'yes' if o['identical_rollouts'] else 'no'}. The smaller the policy, the cheaper "
+             "a decode call and the more the harness's own CPU work (the openai SDK, HTTP) weighs."
+             for o in r.get("other_policies", [])]
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 if __name__ == "__main__":
