@@ -236,8 +236,8 @@ def test_every_command_builds_the_same_tokenizer():
     assert a.get_vocab() == b.get_vocab() and len(a) > 600   # model.tiny_vocab (1024), not 512
 
 
-# docs/ENVIRONMENTS.md's short run of that command: every part of it (the whole SFT on the
-# expert's demonstrations, two RL steps, evaluations, checkpoint, export) in about two minutes. The full command
+# docs/ENVIRONMENTS.md's short run of that command: every part of it (an SFT on the expert's
+# demonstrations, two RL steps, evaluations, checkpoint, export) in about a minute. The full command
 # runs in the Quickstart's test (tests/test_readme.py: the same path on fncall/tallest, with its
 # learning checked); redcount's own runs are in experiments/LOG.md (2026-11-28)
 CHECK = re.search(r"\n    (supo-jax train --set 'env.imports=\[\"my_envs.redcount\"\]'[^\n]*"
@@ -260,7 +260,8 @@ def test_environment_check_command_verbatim(rc_dir):
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "loss" in m]
     assert [m["step"] for m in steps] == [1, 2], metrics
-    assert all(m["updates"] >= 1 and np.isfinite(m["loss"]) for m in steps), steps
+    # the RL steps train (after a short SFT a step may still find no group with an advantage)
+    assert any(m["updates"] >= 1 and np.isfinite(m["loss"]) for m in steps), steps
     assert sum("eval/success_rate" in m for m in metrics) == 2      # before and after
     ev = json.loads((run / "eval.json").read_text())
     assert ev["sft_demo_success"] == 1.0 and ev["sft_loss_last"] < ev["sft_loss_first"]
