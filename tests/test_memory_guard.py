@@ -21,7 +21,7 @@ def test_the_guards_figures_are_committed():
     assert set(memory_guard.committed()) == set(memory_guard.GUARDS)
 
 
-@pytest.mark.long     # ~90 s of TPU compiles: its group (tpu_compile) is scheduled first
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(memory_guard.GUARDS))
 def test_no_program_needs_more_memory_than_committed(name):
     now = memory_guard.measure(name)

@@ -162,7 +162,7 @@ def test_tau2_scores_the_ground_truth_1_and_fails_it_without_its_calls(python, m
     assert withheld == want, withheld
 
 
-@pytest.mark.long   # ~26 s: 9 conversations of the tiny random policy, 4 steps each
+@pytest.mark.slow   # ~26 s: 9 conversations of the tiny random policy, 4 steps each
 def test_every_mock_task_reaches_tau2s_verdict_with_the_random_policy(python, tmp_path):
     from supo_jax.model.policy import new_policy
     from supo_jax.model.tiny import tiny_config, tiny_tokenizer

@@ -60,7 +60,7 @@ def test_a_bad_verifiers_harness_is_named_at_start(sets, says):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.long   # the venv (~1 min to make, the first time), a bridge started
+@pytest.mark.slow   # the venv (~1 min to make, the first time), a bridge started
 def test_a_verifiers_environment_that_does_not_load_stops_the_run_at_start(python, tmp_path):
     from supo_jax.serve.harness import harness_mode
     cfg = load_config(CONFIG, ["env.harness=verifiers:no_such_module_xyz:f",
