@@ -554,9 +554,18 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+# seconds an idle keep-alive connection stays open: longer than clients keep theirs (httpx's
+# pool, which the openai SDK uses: 5 s; aiohttp: 15 s), so that the client drops an idle
+# connection first; at uvicorn's own 5 s a request sent on a connection the server was
+# closing at that moment failed as a connection error (a client without retries, as tau2's
+# runs use, fails its conversation)
+KEEP_ALIVE_S = 75
+
+
 def _uvicorn(app, **options):
     import uvicorn
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **options))
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                         timeout_keep_alive=KEEP_ALIVE_S, **options))
 
 
 def url_of(sock: socket.socket) -> str:
