@@ -1,5 +1,6 @@
 """Test set-up: 8 simulated CPU devices, GPU memory shared with the tests' subprocesses,
-tests that need the 8 CPU devices pinned to the CPU, and a persistent compile cache.
+tests that need the 8 CPU devices pinned to the CPU, and a persistent compile cache that
+every process the tests start shares (JAX_COMPILATION_CACHE_DIR).
 
 - XLA_FLAGS gets --xla_force_host_platform_device_count=8 (added to flags already set,
   unless they name a count): the sharding tests build meshes of 8 devices. Without the
@@ -68,7 +69,12 @@ os.environ.setdefault("SUPO_JAX_COMPILE_CACHE",
                       os.path.join(tempfile.gettempdir(), "supo_jax_compile_cache"))
 from supo_jax.utils import enable_compile_cache  # noqa: E402
 
-enable_compile_cache()
+# the same cache for every process the tests start, also those that never call
+# enable_compile_cache (the benchmark scripts, the notebook's kernel, experiments/ scripts,
+# tests/rollout_worker.py): JAX reads these at import. Processes with the same XLA_FLAGS and
+# the same programs then compile each once (most of a smoke run's seconds are compiles)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = enable_compile_cache()
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 _CPU_CHILD = "SUPO_JAX_TESTS_CPU_CHILD"   # set in the CPU subprocess: never delegate again
 _DELEGATE = "SUPO_JAX_TESTS_DELEGATE_CPU"  # "1": delegate even where the default is the CPU

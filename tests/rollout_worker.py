@@ -60,11 +60,14 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda name, *_, **__: compiles.append(name)
-        if name == "/jax/compilation/backend_compile_duration" else None)
+        if name == "/jax/core/compile/backend_compile_duration" else None)
     rng = np.random.default_rng(jax.process_index())
     for _ in range(100):
         got = allgather_json("x" * int(rng.integers(1, 100_000)))
         assert len(got) == jax.process_count()
+    exchange_compiles = len(compiles)
+    jax.jit(lambda x: x * 3 + 1)(np.arange(7))      # one new program: the count hears it
+    probe_compiles = len(compiles) - exchange_compiles
     faulty = None
     if os.environ.get("SUPO_JAX_TEST_FAULTY") == "1":
         fcfg = load_config(os.path.join(root, "experiments", "configs", "tiny_test.py"),
@@ -83,7 +86,8 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
                    "budget_rollouts": [ended[k].to_json() for k in sorted(ended)],
                    "param_devices": len(leaf.sharding.device_set),
                    "param_processes": len({d.process_index for d in leaf.sharding.device_set}),
-                   "exchange_compiles": len(compiles),
+                   "exchange_compiles": exchange_compiles,
+                   "probe_compiles": probe_compiles,
                    "faulty_rollouts": faulty,
                    "rollouts": [r.to_json() for r in ro]}, f)
 

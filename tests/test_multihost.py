@@ -238,6 +238,7 @@ def test_processes_share_one_mesh_and_their_rows(mesh_rollouts):
         assert p["param_devices"] == 8 and p["param_processes"] == 2
         assert p["resets"]                                  # both step environments
         assert p["exchange_compiles"] <= 10, p["exchange_compiles"]
+        assert p["probe_compiles"] == 1          # the count above hears jax's compiles
     assert sorted(two[0]["resets"] + two[1]["resets"]) == sorted(one["resets"])
     assert len(one["resets"]) == 12
 
