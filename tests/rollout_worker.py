@@ -8,7 +8,7 @@ programs a hundred exchanges of random sizes between the processes compiled.
 
     python -m tests.rollout_worker RUN_DIR OUT [key=value ...]
 
-With SUPO_JAX_TEST_FAULTY=1 the same processes then roll out faulty/pages on 4 rows
+With SUPO_JAX_TEST_FAULTY=1 the same processes then roll out faulty/pages on the same rows
 (tests/worker_envs.py: process 1's environments fail in turn) into "faulty_rollouts": one
 launch for both checks.
 """
@@ -71,7 +71,7 @@ def main(run_dir: str, out: str, sets: list[str]) -> None:
     faulty = None
     if os.environ.get("SUPO_JAX_TEST_FAULTY") == "1":
         fcfg = load_config(os.path.join(root, "experiments", "configs", "tiny_test.py"),
-                           sets + ["env.name=faulty/pages", "rollout.rows=4"])
+                           sets + ["env.name=faulty/pages"])
         ftasks = make_tasks(fcfg.env.name, "train", fcfg.rollout.tasks_per_step,
                             seed=fcfg.env.seed, **fcfg.env.knobs)
         faulty = [r.to_json() for r in rollout_batch(policy, fmt, fcfg, ftasks, seed=7)]

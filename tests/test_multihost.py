@@ -245,9 +245,9 @@ def test_processes_share_one_mesh_and_their_rows(mesh_rollouts):
 
 @pytest.fixture(scope="module")
 def faulty_rollouts(mesh_rollouts):
-    """2 processes x 4 devices over faulty/pages on 4 rows, after the launch's other
-    rollouts: process 1's environments fail in turn in their constructor, reset, step and
-    reward (tests/worker_envs.py)."""
+    """2 processes x 4 devices over faulty/pages on the launch's 8 rows (its programs), after
+    its other rollouts: process 1's environments fail in turn in their constructor, reset,
+    step and reward (tests/worker_envs.py)."""
     return [p["faulty_rollouts"] for p in mesh_rollouts[2, 4]]
 
 
