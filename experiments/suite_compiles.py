@@ -5,7 +5,7 @@ CPU seconds, one JSON file a process; `summarize` adds them up.
 
     python experiments/suite_compiles.py install /tmp/hook       # writes /tmp/hook/sitecustomize.py
     SUPO_JAX_COMPILE_LOG=/tmp/log PYTHONPATH=/tmp/hook python -m pytest -q -n 2 tests
-    python experiments/suite_compiles.py summarize /tmp/log [--out FILE.json]
+    python experiments/suite_compiles.py summarize /tmp/log [--out FILE.json] [--jsonl FILE]
 
 The hook is Python's sitecustomize (imported at every interpreter's start on PYTHONPATH): it
 does nothing unless SUPO_JAX_COMPILE_LOG is set, and then only registers listeners once jax is
@@ -68,7 +68,8 @@ if os.environ.get("SUPO_JAX_COMPILE_LOG"):
         out = os.environ["SUPO_JAX_COMPILE_LOG"]
         os.makedirs(out, exist_ok=True)
         _rec.update(pid=os.getpid(), argv=sys.argv[:8], wall_s=time.time() - _t0,
-                    cpu_s=time.process_time(), worker=os.environ.get("PYTEST_XDIST_WORKER"))
+                    cpu_s=time.process_time(), worker=os.environ.get("PYTEST_XDIST_WORKER"),
+                    pytest="_pytest" in sys.modules)
         with open(os.path.join(out, f"{os.getpid()}.json"), "w") as f:
             json.dump(_rec, f)
 '''
@@ -84,11 +85,11 @@ def install(directory: str) -> str:
 
 def kind(rec: dict) -> str:
     """A process's kind, from its command line: the script or module it ran (pytest-xdist's
-    workers run as `python -c`)."""
+    workers run as `python -c`, told apart by pytest among their modules)."""
     argv = rec["argv"]
     text = " ".join(argv)
     if argv[:1] == ["-c"]:
-        return "pytest worker" if rec.get("worker") and len(argv) == 1 else "python -c"
+        return "pytest worker" if rec.get("pytest") else "python -c"
     for pat, name in ((r"ipykernel", "notebook kernel"), (r"rollout_worker", "tests/rollout_worker"),
                       (r"benchmarks/(\w+)\.py", r"benchmarks/\1"),
                       (r"experiments/(\w+)\.py", r"experiments/\1"),
@@ -100,11 +101,20 @@ def kind(rec: dict) -> str:
     return os.path.basename(argv[0]) if argv else "?"
 
 
-def summarize(log_dir: str) -> dict:
-    recs = []
-    for path in sorted(glob.glob(os.path.join(log_dir, "*.json"))):
+def records(log: str) -> list[dict]:
+    """The records of a run: a directory of the hook's files, or a .jsonl of them (`--jsonl`)."""
+    if os.path.isfile(log):
+        with open(log) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    out = []
+    for path in sorted(glob.glob(os.path.join(log, "*.json"))):
         with open(path) as f:
-            recs.append(json.load(f))
+            out.append(json.load(f))
+    return out
+
+
+def summarize(log: str) -> dict:
+    recs = records(log)
     kinds: dict[str, dict] = {}
     funcs: dict[str, list] = {}
     for r in recs:
@@ -146,19 +156,24 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="write DIR/sitecustomize.py").add_argument("dir")
     s = sub.add_parser("summarize", help="add up the records of a run")
-    s.add_argument("log_dir")
+    s.add_argument("log", help="the SUPO_JAX_COMPILE_LOG directory, or a .jsonl of its records")
     s.add_argument("--out", help="also write the summary as JSON")
+    s.add_argument("--jsonl", help="also write the records, one a line")
     args = ap.parse_args(argv)
     if args.cmd == "install":
         print(install(args.dir))
         return 0
-    if not glob.glob(os.path.join(args.log_dir, "*.json")):
-        print(f"suite_compiles: no records in {args.log_dir}", file=sys.stderr)
+    recs = records(args.log) if os.path.exists(args.log) else []
+    if not recs:
+        print(f"suite_compiles: no records in {args.log}", file=sys.stderr)
         return 1
-    res = summarize(args.log_dir)
+    res = summarize(args.log)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+    if args.jsonl:
+        with open(args.jsonl, "w") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in recs)
     print(table(res))
     return 0
 

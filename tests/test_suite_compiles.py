@@ -39,11 +39,14 @@ def test_the_hook_counts_each_processs_compiles_and_cache_use(tmp_path):
     assert res["by_kind"]["python -c"]["compiles"] == sum(r["compiles"] for r in recs)
     assert res["by_function"]["jit(<lambda>)"]["compiles"] == 4
     assert "| 2 | python -c |" in suite_compiles.table(res)
+    assert suite_compiles.main(["summarize", str(log), "--jsonl", str(tmp_path / "r.jsonl")]) == 0
+    assert suite_compiles.summarize(str(tmp_path / "r.jsonl")) == res
 
 
 def test_kinds_of_process():
     k = suite_compiles.kind
-    assert k({"argv": ["-c"], "worker": "gw0"}) == "pytest worker"
+    assert k({"argv": ["-c"], "worker": "gw0", "pytest": True}) == "pytest worker"
+    assert k({"argv": ["-c"], "worker": "gw0", "pytest": False}) == "python -c"   # its child
     assert k({"argv": ["/x/venv/bin/supo-jax", "train", "--set", "a=b"]}) == "supo-jax train"
     assert k({"argv": ["/r/supo_jax/cli.py", "eval", "--config", "c"]}) == "supo-jax eval"
     assert k({"argv": ["/r/benchmarks/rows.py", "--smoke"]}) == "benchmarks/rows"
