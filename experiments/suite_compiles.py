@@ -113,8 +113,9 @@ def records(log: str) -> list[dict]:
     return out
 
 
-def summarize(log: str) -> dict:
-    recs = records(log)
+def summarize(log: str | list[dict]) -> dict:
+    """The totals of a run's records (`log`: as `records` takes it, or the records)."""
+    recs = records(log) if isinstance(log, str) else log
     kinds: dict[str, dict] = {}
     funcs: dict[str, list] = {}
     for r in recs:
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     if not recs:
         print(f"suite_compiles: no records in {args.log}", file=sys.stderr)
         return 1
-    res = summarize(args.log)
+    res = summarize(recs)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -12,7 +12,7 @@ import suite_compiles  # noqa: E402
 
 PROGRAM = """
 import jax, jax.numpy as jnp
-f = jax.jit(lambda x: x * 2 + 1, donate_argnums=())
+f = jax.jit(lambda x: x * 2 + 1)
 f(jnp.arange(5.0)); f(jnp.arange(5.0)); f(jnp.arange(6.0))
 """
 
