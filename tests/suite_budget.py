@@ -11,9 +11,18 @@ suite_budget` loads it as a plugin: tests/test_suite_budget.py).
   (0: no budget), for a slower machine.
 The run's tests pass or fail as they did; the budget's verdict is printed before the closing
 line and sets the exit status.
+- A test phase (setup, call or teardown) still running after `test_timeout_s` (pytest.ini;
+  SUPO_JAX_TEST_TIMEOUT_S overrides, 0: none) fails with every thread's stack in its report: a
+  hung test (a subprocess waited on forever, a peer that never comes) costs that long, not
+  CI's whole limit. It interrupts Python code, and the waits (sleep, subprocess, sockets),
+  where the main thread is (POSIX; SIGALRM).
 """
 import os
+import signal
+import sys
+import threading
 import time
+import traceback
 
 import pytest
 
@@ -26,6 +35,8 @@ def pytest_addoption(parser):
     parser.addini("long_tests", "node ids (without parameters) allowed over test_limit_s "
                   "without the slow mark: `node id  # reason`", type="linelist", default=[])
     parser.addini("suite_budget_s", "seconds the whole suite may take (0: none)", default="0")
+    parser.addini("test_timeout_s", "seconds a test's setup, call or teardown may run before "
+                  "it is stopped and fails with every thread's stack (0: none)", default="0")
     parser.addini("fast_budget_s", "seconds the fast tier (-m 'not slow') may take (0: none)",
                   default="0")
 
@@ -88,6 +99,54 @@ class _Budget:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+class TestTimeout(Exception):
+    """A test phase ran past test_timeout_s."""
+
+
+class _Watchdog:
+    """SIGALRM at test_timeout_s into each test phase: the phase fails with the stacks."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.phase = ""
+
+    def _fire(self, signum, frame):
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = [f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(f))
+                  for ident, f in sys._current_frames().items()]
+        raise TestTimeout(f"the test's {self.phase} ran over test_timeout_s = {self.seconds:.0f} s "
+                          "(pytest.ini; SUPO_JAX_TEST_TIMEOUT_S overrides): every thread's "
+                          "stack then:\n" + "\n".join(stacks))
+
+    def _phase(self, name):
+        self.phase = name
+        old = signal.signal(signal.SIGALRM, self._fire)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item):
+        yield from self._phase("setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        yield from self._phase("call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item):
+        yield from self._phase("teardown")
+
+
 def pytest_configure(config):
     if not config.pluginmanager.has_plugin("suite_budget_state"):
         config.pluginmanager.register(_Budget(config), "suite_budget_state")
+    env = os.environ.get("SUPO_JAX_TEST_TIMEOUT_S")
+    seconds = float(env) if env else float(config.getini("test_timeout_s"))
+    if (seconds > 0 and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and not config.pluginmanager.has_plugin("suite_budget_watchdog")):
+        config.pluginmanager.register(_Watchdog(seconds), "suite_budget_watchdog")

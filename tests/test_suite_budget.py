@@ -66,3 +66,34 @@ def test_a_whole_run_over_its_budget_fails_and_a_selection_does_not(tmp_path):
     assert "over suite_budget_s = 2 s" in r.stdout, r.stdout
     r = _run(tmp_path, 2, "t", limit=100, env={"SUPO_JAX_SUITE_BUDGET_S": "100"})
     assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
+
+
+HANGS = '''
+import subprocess, sys, time
+
+def test_sleeps_forever():
+    time.sleep(600)
+
+def test_waits_on_a_child_forever():
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(600)"])
+
+def test_quick():
+    pass
+'''
+
+
+def test_a_hung_test_fails_with_its_stacks_and_the_run_goes_on(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_hangs.py").write_text(HANGS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntest_timeout_s = 600\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               SUPO_JAX_TEST_TIMEOUT_S="2")          # overrides the ini's 600
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_budget", "-p",
+                        "no:cacheprovider", "-q", "t"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout
+    assert "2 failed, 1 passed" in r.stdout, r.stdout
+    assert r.stdout.count("ran over test_timeout_s = 2 s") >= 2, r.stdout
+    assert "time.sleep(600)" in r.stdout and "in test_waits_on_a_child_forever" in r.stdout
+    assert "--- thread MainThread" in r.stdout
