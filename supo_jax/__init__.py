@@ -5,9 +5,10 @@ The names below load with their modules on first use (PEP 562), so that the JAX-
 environments in a virtual environment of its own (supo_jax/harnesses/verifiers_fncall.py)."""
 import importlib
 
-from supo_jax.utils import skip_absent_tpu
+from supo_jax.utils import cpu_compile_level, skip_absent_tpu
 
 skip_absent_tpu()   # libtpu installed without a TPU: no TPU start-up (and its warnings)
+cpu_compile_level()   # the CPU alone: XLA's CPU programs at LLVM level 1 (compiles faster)
 
 __version__ = "0.1.0"
 _LAZY = {"ModelConfig": "supo_jax.model.config", "Decoder": "supo_jax.model.decoder",

@@ -54,3 +54,32 @@ def test_cpu_devices_tests_run_in_a_cpu_subprocess(tmp_path):
     assert "a planted failure" in out, out
     # both ran once, in the child (SUPO_JAX_TESTS_CPU_CHILD=1), not in the parent
     assert sorted(probe.read_text().splitlines()) == ["False 1", "True 1"]
+
+
+def _flags_after_import(code="", **env):
+    """XLA_FLAGS after `import supo_jax` (code runs first) in a fresh process."""
+    base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    r = subprocess.run([sys.executable, "-c", code + "\nimport os, supo_jax\n"
+                        "print(repr(os.environ.get('XLA_FLAGS')))"],
+                       env=dict(base, **env), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return eval(r.stdout.strip().splitlines()[-1])   # noqa: S307  (our own repr of a str)
+
+
+def test_cpu_programs_compile_at_llvm_level_1_unless_the_user_says_otherwise():
+    """supo_jax.utils.cpu_compile_level: on the CPU alone XLA_FLAGS gains level 1, after any
+    flags already there; a level of the user's, another platform, or backends already started
+    (XLA has read its flags) leave XLA_FLAGS as it was."""
+    from supo_jax.utils import CPU_OPT_FLAG
+
+    level1 = f"{CPU_OPT_FLAG}=1"
+    assert _flags_after_import(JAX_PLATFORMS="cpu") == level1
+    assert _flags_after_import(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_dump_to=/tmp/x") == \
+        f"--xla_dump_to=/tmp/x {level1}"
+    assert _flags_after_import(JAX_PLATFORMS="cpu", XLA_FLAGS=f"{CPU_OPT_FLAG}=3") == \
+        f"{CPU_OPT_FLAG}=3"
+    assert _flags_after_import(JAX_PLATFORMS="cuda") is None
+    assert _flags_after_import("import jax; jax.devices()", JAX_PLATFORMS="cpu") is None
+    # this process (tests/conftest.py imports supo_jax before any backend starts)
+    if jax.default_backend() == "cpu":
+        assert CPU_OPT_FLAG in os.environ["XLA_FLAGS"], os.environ["XLA_FLAGS"]
