@@ -128,8 +128,10 @@ def test_chunked_logprobs_equal_full_softmax():
     np.testing.assert_allclose(logp, rlogp, atol=1e-5)
     # the chunked entropy is log Z - E[z], which cancels: 7e-6 from a float64 reference where
     # XLA's CPU code is LLVM level 3 and 1.2e-5 at level 1 (supo_jax.utils.cpu_compile_level),
-    # the direct sum 4e-7 (2026-12-07); temperature 0.75 for 0.7 moves every entry by 3e-2 or more
+    # the direct sum 4e-7 (experiments/results/cpu_llvm_level_2026-12-07/entropy_check.jsonl);
+    # and a wrong temperature moves every entry by far more than the tolerance
     np.testing.assert_allclose(ent, rent, atol=3e-5)
+    assert np.abs(chunked_logprobs(x, head, y, 0.75, chunk=4)[1] - rent).min() > 1e-2
     for which in (0, 1):
         g = jax.grad(lambda x, h: chunked_logprobs(x, h, y, 0.7, chunk=4, entropy_grad=True)
                      [which].sum(), (0, 1))(x, head)
