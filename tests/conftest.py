@@ -21,8 +21,8 @@ every process the tests start shares (JAX_COMPILATION_CACHE_DIR).
 - Scheduling (pytest.ini: `--dist loadgroup --no-loadscope-reorder`): a module marked
   `xdist_group` runs on one worker, so its module-scoped fixture (a training run, a model
   build) is built once, not once per worker; the items of modules with a `long` item run
-  first, so that the minutes-long tests do not end the run on one worker while the other
-  worker, done, leaves its core idle.
+  first, then the xdist groups', then the single tests, so that no minutes-long unit ends
+  the run on one worker while the other worker, done, leaves its core idle.
 """
 import os
 import re
@@ -104,10 +104,14 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _order_and_delegate(config, items):
-    # the modules with a `long` item first; each module's items stay together and in order,
-    # so that its module-scoped fixtures are built once
+    # the modules with a `long` item first, then those of an xdist_group (a unit one worker
+    # runs whole: tpu_compile's 5 minutes, the harness venv's 2-4), then the single tests,
+    # which fill the workers' last minutes evenly (with the groups last, one worker ran the
+    # harness group alone for the run's last 95 s: experiments/LOG.md, 2026-12-07); each
+    # module's items stay together and in order, so its module-scoped fixtures are built once
     long_modules = {item.module for item in items if item.get_closest_marker("long")}
-    items.sort(key=lambda item: item.module not in long_modules)   # a stable sort
+    items.sort(key=lambda item: (item.module not in long_modules,            # a stable sort
+                                 item.get_closest_marker("xdist_group") is None))
     marked = [i for i, item in enumerate(items) if item.get_closest_marker("cpu_devices")]
     if not marked or os.environ.get(_CPU_CHILD):
         return
