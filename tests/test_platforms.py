@@ -1,6 +1,7 @@
 """Where the tests run (tests/conftest.py): the CPU backend has the 8 simulated devices, and
 tests marked `cpu_devices` run on it, in a subprocess where the default platform is not the
 CPU (a GPU machine), reporting their outcome, failures included, to this process."""
+import json
 import os
 import subprocess
 import sys
@@ -59,11 +60,11 @@ def test_cpu_devices_tests_run_in_a_cpu_subprocess(tmp_path):
 def _flags_after_import(code="", **env):
     """XLA_FLAGS after `import supo_jax` (code runs first) in a fresh process."""
     base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    r = subprocess.run([sys.executable, "-c", code + "\nimport os, supo_jax\n"
-                        "print(repr(os.environ.get('XLA_FLAGS')))"],
+    r = subprocess.run([sys.executable, "-c", code + "\nimport json, os, supo_jax\n"
+                        "print(json.dumps(os.environ.get('XLA_FLAGS')))"],
                        env=dict(base, **env), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    return eval(r.stdout.strip().splitlines()[-1])   # noqa: S307  (our own repr of a str)
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_cpu_programs_compile_at_llvm_level_1_unless_the_user_says_otherwise():
