@@ -474,14 +474,16 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"env.name={cfg.env.name!r} is not a registered environment "
                           f"({', '.join(list_envs())}){hint}")
     _check_knobs(cfg.env)
-    if cfg.env.harness:
-        _check_harness(cfg)
     tau2 = cfg.env.harness.startswith("tau2:")
-    if (cfg.env.name.startswith("tau2/") or tau2) and (
+    malformed = tau2 and (cfg.env.harness.count(":") != 1 or cfg.env.harness == "tau2:")
+    if not malformed and (cfg.env.name.startswith("tau2/") or tau2) and (
             not tau2 or cfg.env.name != "tau2/" + cfg.env.harness.split(":", 1)[1]):
         raise ConfigError(f"env.name={cfg.env.name!r} with env.harness={cfg.env.harness!r}: a "
                           "tau2-bench domain is played by its bridge: env.name=tau2/DOMAIN with "
                           "env.harness=tau2:DOMAIN")
+    if cfg.env.harness:     # after the pairing: a mismatch is named before a missing venv
+        # (a malformed "tau2:..." spec is named here)
+        _check_harness(cfg)
     if cfg.model.path == "tiny":   # the tiny policy asked for by name
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="",
                                                                  pretrained=False))
