@@ -70,10 +70,13 @@ POINTS = {
         source=TRILLIUM + "Llama3.1-8B-MaxText/v6e-256/README.md",
         log="completed step: 14, seconds: 4.546, TFLOP/s/device: 417.397, "
             "Tokens/s/device: 7207.336, total_weights: 8388608"),
-    # MaxText's recipe keeps this model's weights in bfloat16 (weight_dtype)
+    # MaxText's recipe keeps this model's weights in bfloat16 (weight_dtype); the LM head
+    # split over the vocabulary: gathered whole (2 GiB, and its gradient) the step needs
+    # 35.7 GB of a 34.4 GB chip (experiments/LOG.md, 2026-12-07)
     "llama3.1-70b_v6e-32": dict(
         model="llama3.1-70b", topology="v6e-32", rows_per_chip=2, seq=8192, seconds=17.790,
-        tokens_per_second_per_chip=920.965, sets=["model.dtype=bfloat16", "model.mlp_chunks=4"],
+        tokens_per_second_per_chip=920.965,
+        sets=["model.dtype=bfloat16", "model.mlp_chunks=4", "model.head_split=vocab"],
         source=TRILLIUM + "Llama3.1-70B-MaxText/v6e-32/README.md",
         log="completed step: 34, seconds: 17.790, TFLOP/s/device: 443.385, "
             "Tokens/s/device: 920.965, total_weights: 524288"),
@@ -280,6 +283,18 @@ def fsdp_minimum_bytes(row: dict) -> float:
     return (n - 1) / n * 2 * (2 * matmul_params(mc) + mc.num_params)
 
 
+# issue 74: a point's program fits with 5% of the chip's HBM to spare (XLA's total counts
+# neither the runtime's own allocations nor fragmentation)
+FIT_SHARE = 0.95
+
+
+def hbm_share(row: dict) -> float:
+    """A compiled point's bytes a chip over its chip's HBM (a device's, on Ironwood)."""
+    from supo_jax.plan import CHIPS, device_figures, generation
+    return row["bytes_per_chip"]["total"] / device_figures(
+        CHIPS[generation(row["topology"])])["hbm_bytes"]
+
+
 def targets(rows: list[dict], fit: dict, decode_fit: dict | None = None,
             own: dict | None = None) -> list[dict]:
     """Issue 64's targets for the planner at MaxText's Llama-3.1-8B setting on v6e-8 (3 rows
@@ -302,10 +317,12 @@ def targets(rows: list[dict], fit: dict, decode_fit: dict | None = None,
                     "target": "<= 32 GiB", "measured": f"{gib:.1f} GiB", "met": r["fits"]})
     train = [r for r in rows if r["point"] in POINTS and "error" not in r and not r.get("smoke")]
     if train:
-        over = [r["point"] for r in train if not r["fits"]]
+        share = {r["point"]: hbm_share(r) for r in train}
+        over = [p for p, x in share.items() if x > FIT_SHARE]
         out.append({"what": "MaxText's train points: our program fits the chip at the "
-                    "published rows a chip (planner)", "target": "every point",
-                    "measured": f"{len(train) - len(over)} of {len(train)}"
+                    f"published rows a chip, within {100 * FIT_SHARE:.0f}% of its HBM (planner)",
+                    "target": "every point", "measured": f"{len(train) - len(over)} of "
+                    f"{len(train)}, the largest {100 * max(share.values()):.1f}% of HBM"
                     + (f" (not: {', '.join(over)})" if over else ""), "met": not over})
     loo = fit.get("leave_one_out", []) + [x for f in (own or {}).values()
                                           for x in f.get("leave_one_out", [])]

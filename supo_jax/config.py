@@ -37,6 +37,9 @@ class ModelSection:
                                    # float32 on accelerators)
     mlp_chunks: int = 1            # training: each layer's MLP over a row's tokens in this many
                                    # chunks (less activation memory, more weight reads)
+    head_split: str = "rows"       # training's LM head on a mesh: rows (each device its rows'
+                                   # logits, the head gathered whole) | vocab (each device every
+                                   # row's logits over its slice of the vocabulary)
     tiny_family: str = "qwen2"
     tiny_hidden: int = 64
     tiny_layers: int = 2
@@ -52,7 +55,7 @@ class ModelSection:
 
     def decoder_options(self) -> dict:
         return {"remat": self.remat, "attention": self.attention, "precision": self.precision,
-                "mlp_chunks": self.mlp_chunks}
+                "mlp_chunks": self.mlp_chunks, "head_split": self.head_split}
 
     def lora(self):
         """The adapters asked for (supo_jax.model.lora.LoRA), None when lora_rank = 0."""
@@ -566,11 +569,12 @@ def validate(cfg: Config) -> Config:
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={cfg.model.dtype!r}: float32 or bfloat16")
     from supo_jax.model.attention import IMPLS
-    from supo_jax.model.decoder import PRECISIONS, REMAT
+    from supo_jax.model.decoder import HEAD_SPLITS, PRECISIONS, REMAT
     if cfg.model.mlp_chunks < 1:
         raise ConfigError(f"model.mlp_chunks={cfg.model.mlp_chunks}: at least 1 (1: the MLP "
                           "over whole rows)")
-    for key, allowed in (("remat", REMAT), ("attention", IMPLS), ("precision", PRECISIONS)):
+    for key, allowed in (("remat", REMAT), ("attention", IMPLS), ("precision", PRECISIONS),
+                         ("head_split", HEAD_SPLITS)):
         if getattr(cfg.model, key) not in allowed:
             raise ConfigError(f"model.{key}={getattr(cfg.model, key)!r} is not one of "
                               f"{', '.join(allowed)}")

@@ -713,27 +713,50 @@ REMAT_BY_MEMORY = ("none", "dots", "full", "offload")
 
 def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
     """The update does not fit (or XLA refused it) at the config's model.remat: compile the
-    train step under each policy that keeps less, in order (REMAT_BY_MEMORY), until one fits.
-    {configured, picked (None: none fits), tried: [{remat, bytes or error}], program: the
-    picked one's figures}."""
+    train step under each policy that keeps less, in order (REMAT_BY_MEMORY), until one fits;
+    when none does, at the last policy the program changes that keep less again: the LM head
+    split over the vocabulary, then the MLP in token chunks (MLP_CHUNKS) that divide the row.
+    {configured, picked (the remat policy, None: nothing fits), sets (every setting the
+    picked program differs by, as --set arguments), tried: [{remat, sets, bytes or error}],
+    program: the picked one's figures}."""
     configured = cfg.model.remat
     # auto resolves by the model's size and the chip's memory (Decoder.remat_mode) to none,
     # dots, full or offload: every policy that keeps less than none is tried
     start = REMAT_BY_MEMORY.index(configured if configured in REMAT_BY_MEMORY else "none")
 
-    def tried(remat, p):
-        return {"remat": remat, "bytes": p.get("bytes_per_chip", {}).get("total"),
-                "error": p.get("error")}
-    out = {"configured": configured, "picked": None, "tried": [tried(configured, first)]}
-    for remat in REMAT_BY_MEMORY[start + 1:]:
-        c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
-        p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"],
-                    f"train_step.remat-{remat}")
-        out["tried"].append(tried(remat, p))
+    def tried(sets, p):
+        return {"remat": sets.get("remat", configured), "sets": _as_sets(sets),
+                "bytes": p.get("bytes_per_chip", {}).get("total"), "error": p.get("error")}
+    out = {"configured": configured, "picked": None, "sets": [],
+           "tried": [tried({}, first)]}
+    T = cfg.optim.max_row_len or row_bound(cfg)
+    tries = [{"remat": r} for r in REMAT_BY_MEMORY[start + 1:]]
+    last = {"remat": (tries[-1]["remat"] if tries else configured)}
+    if cfg.model.head_split != "vocab":
+        last = {**last, "head_split": "vocab"}
+        tries.append(last)
+    tries += [{**last, "mlp_chunks": n} for n in MLP_CHUNKS
+              if n > cfg.model.mlp_chunks and T % n == 0]
+    for sets in tries:
+        c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **sets))
+        name = "train_step." + ".".join(f"{k.replace('_', '-')}-{v}" for k, v in sets.items())
+        p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"], name)
+        out["tried"].append(tried(sets, p))
         if p["fits"]:
-            out.update(picked=remat, program={**p, "remat": remat})
+            out.update(picked=c.model.remat, sets=_as_sets(sets),
+                       program={**p, "remat": c.model.remat, "sets": _as_sets(sets)})
             break
     return out
+
+
+# what the remat search tries beyond the policies (_pick_remat), in order: the LM head split
+# over the vocabulary (model.head_split=vocab: no head gathered whole), then the MLP in token
+# chunks (model.mlp_chunks: one chunk's intermediates at a time, more weight reads)
+MLP_CHUNKS = (2, 4, 8)
+
+
+def _as_sets(sets: dict) -> list[str]:
+    return [f"model.{k}={v}" for k, v in sets.items()]
 
 
 def _model_flops(name: str, mc, s: dict, adapters: bool = False) -> float:
@@ -1069,7 +1092,7 @@ def format_plan(rep: dict) -> str:
             lines.append(f"{name}: DOES NOT COMPILE ({p['error']})")
             continue
         b = p["bytes_per_chip"]
-        picked = (f" at model.remat={p['remat']}, not the configured "
+        picked = (f" at {', '.join(p['sets'])}, not the configured model.remat="
                   f"{rep['remat']['configured']}, which does not fit" if "remat" in p else "")
         lines.append(f"{name}: {'fits' if p['fits'] else 'DOES NOT FIT'}{picked} "
                      f"(compiled in {p['compile_seconds']:.1f} s)")
@@ -1143,10 +1166,11 @@ def format_plan(rep: dict) -> str:
             return (f"{t['bytes'] / GiB:.1f} GiB a chip" if t["bytes"] is not None
                     else (t["error"] or "")[:80])
         lines.append(f"update at model.remat={rm['configured']} does not fit ({at(rm['tried'][0])})"
-                     + "; " + "; ".join(f"remat={t['remat']}: {at(t)}" for t in rm["tried"][1:])
-                     + (f": the plan picked remat={rm['picked']}, whose figures are shown "
-                        f"(--set model.remat={rm['picked']})" if rm["picked"]
-                        else ": no remat policy fits"))
+                     + "; " + "; ".join(f"{' '.join(t['sets'])}: {at(t)}" for t in rm["tried"][1:])
+                     + (f": the plan picked {', '.join(rm['sets'])}, whose figures are shown "
+                        f"({' '.join('--set ' + x for x in rm['sets'])})" if rm["picked"]
+                        else ": nothing tried fits (remat policies, the head split over the "
+                        "vocabulary, the MLP in token chunks)"))
     lines += format_rl_step(rep.get("rl_step"))
     lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
                  "perfect overlap nor none)")

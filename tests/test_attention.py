@@ -110,10 +110,10 @@ def test_resolve_by_backend_and_errors():
         resolve("flash", jnp.float32, 64)
 
 
-def test_chunked_logprobs_equal_full_softmax():
-    """Chunks that do not divide B*T, temperature, and the gradients of logp and entropy."""
-    b, t, e, vocab = 3, 7, 8, 50
-    ks = jax.random.split(jax.random.PRNGKey(1), 3)
+def _logits_case(b, t, e, vocab, seed):
+    """Activations x [b, t, e], a head [e, vocab], targets y and the full softmax's (log p(y),
+    entropy) at temperature 0.7, as a function of (x, head)."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 3)
     x = jax.random.normal(ks[0], (b, t, e))
     head = jax.random.normal(ks[1], (e, vocab))
     y = jax.random.randint(ks[2], (b, t), 0, vocab)
@@ -122,6 +122,12 @@ def test_chunked_logprobs_equal_full_softmax():
         lp = jax.nn.log_softmax(x @ head / 0.7, -1)
         return (jnp.take_along_axis(lp, y[..., None], -1)[..., 0],
                 -jnp.sum(jnp.exp(lp) * lp, -1))
+    return x, head, y, full
+
+
+def test_chunked_logprobs_equal_full_softmax():
+    """Chunks that do not divide B*T, temperature, and the gradients of logp and entropy."""
+    x, head, y, full = _logits_case(3, 7, 8, 50, 1)
 
     logp, ent = chunked_logprobs(x, head, y, 0.7, chunk=4, entropy_grad=True)
     rlogp, rent = full(x, head)
@@ -191,6 +197,53 @@ def test_chunked_logprobs_on_a_mesh_keep_rows_split_and_the_values():
     sizes = [int(np.prod([int(d) for d in dims.split(",") if d]))
              for dims in re.findall(r"f32\[([\d,]*)\][^\n]*all-reduce\(", hlo)]
     assert sizes and max(sizes) <= e * vocab, sizes
+
+
+def test_a_head_split_over_the_vocabulary_gives_the_values_and_is_never_gathered():
+    """model.head_split=vocab: under data 2 x fsdp 2 x tensor 2 the same log-probabilities,
+    entropies and gradients as the full softmax; under FSDP over 8 the compiled backward
+    gathers no whole head (the rows split's does: its all-gathers' largest is [E, V])."""
+    import re
+
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from supo_jax.model.sharding import make_mesh
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py simulates them on the CPU)")
+    x, head, y, ref = _logits_case(8, 12, 16, 64, 3)
+
+    def total(fn):
+        return lambda x, h: sum(v.sum() * (i + 1) for i, v in enumerate(fn(x, h)))
+
+    ours = lambda x, h: chunked_logprobs(x, h, y, 0.7, chunk=10, entropy_grad=True,  # noqa: E731
+                                         vocab_split=True)
+    mesh = make_mesh(2, 2, 2, devices=jax.devices()[:8])
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"))))
+        hs = jax.device_put(head, NamedSharding(mesh, P("fsdp", "tensor")))
+        got = jax.jit(ours)(xs, hs)
+        grads = jax.jit(jax.grad(total(ours), (0, 1)))(xs, hs)
+    for a, r in zip(got, ref(x, head)):
+        np.testing.assert_allclose(a, r, atol=1e-4)
+    for a, r in zip(grads, jax.grad(total(ref), (0, 1))(x, head)):
+        np.testing.assert_allclose(a, r, atol=1e-4)
+
+    b, t, e, vocab = 8, 256, 64, 1024
+    mesh = make_mesh(1, 8, 1, devices=jax.devices()[:8])
+    y = jnp.zeros((b, t), jnp.int32)
+
+    def gathers(split):
+        g = jax.jit(jax.grad(lambda x, h: chunked_logprobs(x, h, y, chunk=512,
+                                                           vocab_split=split)[0].sum(), (0, 1)))
+        with jax.set_mesh(mesh):
+            hlo = g.lower(jax.device_put(jnp.ones((b, t, e)), NamedSharding(mesh, P("fsdp"))),
+                          jax.device_put(jnp.ones((e, vocab)), NamedSharding(mesh, P("fsdp")))
+                          ).compile().as_text()
+        return [tuple(int(d) for d in dims.split(",") if d)
+                for dims in re.findall(r"f32\[([\d,]*)\][^\n]*all-gather(?:-start)?\(", hlo)]
+    assert (e, vocab) in gathers(False)
+    assert gathers(True) and all(vocab not in s for s in gathers(True)), gathers(True)
 
 
 @pytest.mark.parametrize("devices", [1, 8])

@@ -263,31 +263,41 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
                  "v5litepod-4", model_config=path, programs=("train_step",))
     rm = rep["remat"]
     assert rm["configured"] == "none" and rm["picked"] == "dots"
+    assert rm["sets"] == ["model.remat=dots"]
     assert [t["remat"] for t in rm["tried"]] == ["none", "dots"]
     assert rm["tried"][0]["bytes"] > 25 << 20 > rm["tried"][1]["bytes"]
     ts = rep["programs"]["train_step"]
     assert ts["remat"] == "dots" and ts["fits"] and rep["fits"]
     assert ts["bytes_per_chip"]["total"] == rm["tried"][1]["bytes"]
     text = P.format_plan(rep)
-    assert "the plan picked remat=dots" in text
-    assert ("train_step: fits at model.remat=dots, not the configured none, which does not fit"
-            in text)
+    assert "the plan picked model.remat=dots" in text
+    assert ("train_step: fits at model.remat=dots, not the configured model.remat=none, which "
+            "does not fit" in text)
     monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 1 << 20)      # nothing fits in 1 MiB
     dump = tmp_path / "hlo"
     rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=256", "model.remat=full"),
                  "v5litepod-4", model_config=path, programs=("train_step",), dump=str(dump))
     assert rep["remat"]["picked"] is None and not rep["fits"]
-    assert [t["remat"] for t in rep["remat"]["tried"]] == ["full", "offload"]
-    assert "no remat policy fits" in P.format_plan(rep)
+    # the policies, then at offload the head split over the vocabulary, then the MLP in
+    # chunks of the 256-token rows
+    assert [t["sets"] for t in rep["remat"]["tried"]] == [
+        [], ["model.remat=offload"], ["model.remat=offload", "model.head_split=vocab"],
+        *[["model.remat=offload", "model.head_split=vocab", f"model.mlp_chunks={n}"]
+          for n in (2, 4, 8)]]
+    assert "nothing tried fits" in P.format_plan(rep)
     # the dumped train_step is the one reported (full); each other try under its own name
-    assert sorted(os.listdir(dump)) == ["train_step.hlo.txt", "train_step.remat-offload.hlo.txt"]
+    assert sorted(os.listdir(dump)) == [
+        "train_step.hlo.txt", "train_step.remat-offload.head-split-vocab.hlo.txt",
+        *[f"train_step.remat-offload.head-split-vocab.mlp-chunks-{n}.hlo.txt" for n in (2, 4, 8)],
+        "train_step.remat-offload.hlo.txt"]
     assert "S(5)" not in (dump / "train_step.hlo.txt").read_text()       # no host offload
     # auto may resolve to any policy: every one that keeps less than none is tried (the
     # search alone, its compiles stubbed: each policy's program does not fit)
     monkeypatch.setattr(P, "_train_programs", lambda *a: ({"train_step": None},))
     got = P._pick_remat(_cfg("model.remat=auto"), None, None, {"fits": False},
                         lambda *a: {"fits": False})
-    assert [t["remat"] for t in got["tried"]] == ["auto", "dots", "full", "offload"]
+    assert [t["remat"] for t in got["tried"]][:4] == ["auto", "dots", "full", "offload"]
+    assert got["tried"][4]["sets"] == ["model.remat=offload", "model.head_split=vocab"]
     assert got["picked"] is None
 
 

@@ -40,6 +40,10 @@ from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight, merge_adapters
 from supo_jax.model.sharding import context_batch_axes
 
 REMAT = ("auto", "none", "full", "dots", "offload")
+# the training LM head on a mesh (chunked_logprobs): "rows", each device its own rows' logits
+# against the head gathered whole; "vocab", each device every row's logits over its slice of
+# the vocabulary (the head never gathered; each chunk's activations are)
+HEAD_SPLITS = ("rows", "vocab")
 # remat "offload": each layer's input (named in the scan) kept in host memory, all else
 # recomputed (MaxText's offloaded remat does the same for the decoder layer's input)
 OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -358,7 +362,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, param_dtype=jnp.float32, dtype=jnp.float32,
                  remat="auto", attention: str = "auto", precision: str = "auto",
-                 mlp_chunks: int = 1, rngs: nnx.Rngs | None = None):
+                 mlp_chunks: int = 1, head_split: str = "rows", rngs: nnx.Rngs | None = None):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.cfg = cfg
         self.dtype = dtype
@@ -373,6 +377,10 @@ class Decoder(nnx.Module):
         if int(mlp_chunks) < 1:
             raise ValueError(f"model.mlp_chunks={mlp_chunks} must be at least 1")
         self.mlp_chunks = int(mlp_chunks)
+        if head_split not in HEAD_SPLITS:
+            raise ValueError(f"model.head_split={head_split!r} is not one of "
+                             f"{', '.join(HEAD_SPLITS)}")
+        self.head_split = head_split
         self.lora = None           # supo_jax.model.lora.LoRA once adapters are added
         E, V = cfg.hidden_size, cfg.vocab_size
         self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (V, E), param_dtype))
@@ -488,7 +496,8 @@ class Decoder(nnx.Module):
         `entropy_grad`)."""
         x, _ = self.hidden(tokens, positions, segment_ids=segment_ids)
         return chunked_logprobs(x, self.head(), targets, temperature, chunk=chunk,
-                                entropy_grad=entropy_grad, precision=self.matmul_precision())
+                                entropy_grad=entropy_grad, precision=self.matmul_precision(),
+                                vocab_split=getattr(self, "head_split", "rows") == "vocab")
 
     def hidden(self, tokens, positions, *, segment_ids=None, cache: KVCache | None = None,
                attend_len: int | None = None, layer_weights: list[dict] | None = None,
@@ -571,7 +580,7 @@ LOGIT_CHUNK_BYTES = 1 << 28     # a device's float32 logits of one chunk: at mos
 
 def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int = 1024,
                      entropy_grad: bool = False, precision=None,
-                     chunk_bytes: int = LOGIT_CHUNK_BYTES):
+                     chunk_bytes: int = LOGIT_CHUNK_BYTES, vocab_split: bool = False):
     """log softmax(x @ head / T)[targets] and the entropy of that distribution, `chunk`
     tokens at a time. x [B, T, E], head [E, V], targets [B, T] -> two float32 [B, T].
     A chunk is also cut to `chunk_bytes` of float32 logits on a device (its tokens times
@@ -589,7 +598,14 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     split over `tensor` only: the vocabulary reductions are all-reduces of per-token scalars
     over `tensor`. A chunk of flattened tokens would instead be one row's, on every device,
     against a head split over its embedding dimension: XLA then all-reduces the whole
-    [tokens, V] logits of every chunk across the mesh."""
+    [tokens, V] logits of every chunk across the mesh.
+
+    `vocab_split` (model.head_split=vocab): the head stays split over its vocabulary on every
+    device of the mesh (never gathered); each chunk's activations of every row are gathered
+    instead, each device forms all rows' logits of its slice of the vocabulary, and the
+    log-sum-exp, the target's logit and the entropy are all-reduces of per-token scalars.
+    A 128K vocabulary's head is 2 GiB in bfloat16 at hidden 8192, gathered and its gradient
+    held whole on every device; a chunk's activations are far smaller."""
     b, t, e = x.shape
     inv_t = 1.0 / (temperature if temperature > 0 else 1.0)
     axes, n = context_batch_axes()
@@ -598,13 +614,27 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     mesh = jax.sharding.get_abstract_mesh()
     tensor = ("tensor" if n > 1 and "tensor" in mesh.axis_names and mesh.shape["tensor"] > 1
               else None)
+    manual = set(getattr(mesh, "manual_axes", ()))
+    # vocab_split: the vocabulary over tensor x fsdp (tensor major: each device's slice lies in
+    # the one its tensor index stores, so the head moves by an all-to-all over fsdp), each
+    # chunk's rows gathered over fsdp and left split over data
+    every = (tuple(a for a in ("tensor", "fsdp") if a in mesh.axis_names
+                   and mesh.shape[a] > 1 and a not in manual)
+             if vocab_split and not mesh.empty else ())
+    if every:
+        from jax.sharding import PartitionSpec as P
+        kept = tuple(a for a in axes if a not in every)      # data, where it splits the rows
 
     @jax.checkpoint
     def one(xc, yc):
+        if every:
+            xc, yc = (jax.lax.with_sharding_constraint(a, P(kept or None)) for a in (xc, yc))
         z = jnp.dot(xc, head, preferred_element_type=jnp.float32, precision=precision) * inv_t
+        if every:
+            z = jax.lax.with_sharding_constraint(z, P(kept or None, None, every))
         lse = jax.nn.logsumexp(z, axis=-1)
-        if tensor:   # the target's logit as a masked sum (exact: one term), which a vocabulary
-            # split over devices reduces locally, where a gather would collect z
+        if tensor or every:   # the target's logit as a masked sum (exact: one term), which
+            # a vocabulary split over devices reduces locally, where a gather would collect z
             vocab = jnp.arange(head.shape[1], dtype=jnp.int32)
             picked = jnp.sum(jnp.where(vocab == yc[..., None], z, 0.0), axis=-1)
         else:
@@ -615,6 +645,23 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
         ent = ls - jnp.sum(jnp.exp(zs - ls[..., None]) * zs, axis=-1)
         return logp, ent
 
+    if every:
+        v = -(-head.shape[1] // math.prod(mesh.shape[a] for a in every))   # vocabulary a device
+        r = b // math.prod(mesh.shape[a] for a in kept)         # rows a device, in a chunk
+        c = max(1, min(t, chunk * n // b, chunk_bytes // (4 * v * r)))
+        pad = -t % c
+        xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, e).transpose(1, 0, 2, 3)
+        ys = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, -1, c)
+        ys = ys.transpose(1, 0, 2)
+        if n > 1:
+            xs = jax.lax.with_sharding_constraint(xs, P(None, axes))
+            ys = jax.lax.with_sharding_constraint(ys, P(None, axes))
+        head = jax.lax.with_sharding_constraint(head, P(None, every))
+        logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
+        if n > 1:
+            logp, ent = (jax.lax.with_sharding_constraint(a, P(None, axes)) for a in (logp, ent))
+        back = lambda z: z.transpose(1, 0, 2).reshape(b, -1)[:, :t]   # noqa: E731
+        return back(logp), back(ent)
     v = head.shape[1] // (mesh.shape["tensor"] if tensor else 1)      # vocabulary a device
     if n > 1:                            # rows split over the mesh: chunk within each row
         from jax.sharding import PartitionSpec as P
