@@ -108,6 +108,23 @@ POINTS.update({
             "TFLOP/s/chip | 2,670.55 tokens/s/chip"),
 })
 
+# what each recipe does for memory (its README's workload details: remat_policy custom and
+# the tensors it names, weight_dtype, the splash blocks), beside our settings in the table
+_OFFLOAD5 = ("remat custom: the layer input and the q, k, v, out projections offloaded to the "
+             "host, the rest recomputed; float32 weights; splash blocks 2048, fused backward")
+MAXTEXT_MEMORY = {
+    "llama3.1-8b_v6e-8": _OFFLOAD5, "llama3.1-8b_v6e-16": _OFFLOAD5,
+    "mistral-7b_v6e-8": _OFFLOAD5, "llama3.1-8b_v6e-256": _OFFLOAD5,
+    "llama3.1-70b_v6e-32": "remat custom: the layer input and the q, k, v projections offloaded "
+                           "to the host, the rest recomputed; bfloat16 weights; splash blocks "
+                           "2048, fused backward",
+    "llama3.1-70b_tpu7x-128": "remat custom: the layer input, attention's context and the q, k, "
+                              "v projections kept on device, the rest recomputed; float32 "
+                              "weights, bfloat16 Adam first moment; splash blocks 2048, fused "
+                              "backward",
+}
+MAXTEXT_MEMORY["llama3.1-70b_tpu7x-512"] = MAXTEXT_MEMORY["llama3.1-70b_tpu7x-128"]
+
 DECODE_POINTS = {
     "llama3-8b_v5e-8_decode": dict(
         model="llama3-8b", topology="v5litepod-8", rows=128, cache_len=2048,
@@ -371,6 +388,20 @@ def markdown(res: dict) -> str:
                "not in the fit: its program does not fit" if not x["fits"] else "-")
             + f" | {'yes' if x['fits'] else 'no'} ({x['bytes_per_chip']['total'] / 2**30:.1f} "
             f"GiB) | {x['source']} |")
+    lines += ["", "Memory at the published settings: MaxText's (its recipe) beside ours (the "
+              "settings the point compiles with), and the train step's bytes a chip (XLA's "
+              "total: arguments, outputs less aliased, temporaries, code) against the chip's HBM "
+              "(a device's on Ironwood); host: the layer inputs offloaded to the hosts' memory.",
+              "", "| point | MaxText's memory settings | ours | GiB a chip (% of HBM) | host GiB a "
+              "chip |", "|---|---|---|---|---|"]
+    for x in (x for x in r["rows"] if x["point"] in POINTS and "error" not in x):
+        b = x["bytes_per_chip"]
+        sets = dict(o.split("=", 1) for o in x.get("overrides", [])
+                    if o.startswith(("model.", "mesh.")))           # the last of a key holds
+        ours = ", ".join(f"{k}={v}" for k, v in sets.items())
+        lines.append(f"| {x['point']} | {MAXTEXT_MEMORY.get(x['point'], '-')} | {ours or '-'} | "
+                     f"{b['total'] / 2**30:.1f} ({100 * hbm_share(x):.1f}%) | "
+                     f"{b.get('host_temp', 0) / 2**30:.1f} |")
     own = r.get("generation_fits") or {}
     lines += ["", f"Fit: r = {fit['factor']:.3f}, the mean of the "
               + (f"points' other than {', '.join(own)}'s, which have a fit of their own: "

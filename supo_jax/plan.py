@@ -693,7 +693,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             report["programs"][name] = program(name, m, prog)
         ts = report["programs"].get("train_step")
         if ts is not None and not ts["fits"]:
-            report["remat"] = _pick_remat(cfg, mc, mesh, ts, program)
+            report["remat"] = _pick_remat(cfg, mc, mesh, ts, program, chip["hbm_bytes"])
             if report["remat"]["picked"]:
                 report["programs"]["train_step"] = report["remat"].pop("program")
     report["phases"] = _phases(report)
@@ -711,11 +711,18 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
 REMAT_BY_MEMORY = ("none", "dots", "full", "offload")
 
 
-def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
+# the remat search (_pick_remat) stops at the first program within this share of the chip's
+# HBM (XLA's total leaves out the runtime's own allocations and fragmentation); where none is,
+# it picks the first that fits at all
+HEADROOM = 0.95
+
+
+def _pick_remat(cfg, mc, mesh, first: dict, program, hbm: float = float("inf")) -> dict:
     """The update does not fit (or XLA refused it) at the config's model.remat: compile the
     train step under each policy that keeps less, in order (REMAT_BY_MEMORY), until one fits;
     when none does, at the last policy the program changes that keep less again: the LM head
     split over the vocabulary, then the MLP in token chunks (MLP_CHUNKS) that divide the row.
+    It stops at the first within HEADROOM of `hbm`, else picks the first that fits.
     {configured, picked (the remat policy, None: nothing fits), sets (every setting the
     picked program differs by, as --set arguments), tried: [{remat, sets, bytes or error}],
     program: the picked one's figures}."""
@@ -737,15 +744,21 @@ def _pick_remat(cfg, mc, mesh, first: dict, program) -> dict:
         tries.append(last)
     tries += [{**last, "mlp_chunks": n} for n in MLP_CHUNKS
               if n > cfg.model.mlp_chunks and T % n == 0]
+    fitting = None
     for sets in tries:
         c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **sets))
         name = "train_step." + ".".join(f"{k.replace('_', '-')}-{v}" for k, v in sets.items())
         p = program("train_step", mesh, _train_programs(c, mc, mesh)[0]["train_step"], name)
         out["tried"].append(tried(sets, p))
-        if p["fits"]:
-            out.update(picked=c.model.remat, sets=_as_sets(sets),
-                       program={**p, "remat": c.model.remat, "sets": _as_sets(sets)})
+        if p["fits"] and fitting is None:
+            fitting = (c.model.remat, sets, p)
+        if p["fits"] and p["bytes_per_chip"]["total"] <= HEADROOM * hbm:
+            fitting = (c.model.remat, sets, p)
             break
+    if fitting:
+        remat, sets, p = fitting
+        out.update(picked=remat, sets=_as_sets(sets),
+                   program={**p, "remat": remat, "sets": _as_sets(sets)})
     return out
 
 
@@ -1047,6 +1060,22 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.3f} GiB" if n >= GiB / 100 else f"{n / (1 << 20):.2f} MiB"
 
 
+def format_remat(rm: dict, picked: dict, hbm: float) -> str:
+    """The remat search's line (_pick_remat's report `rm`; `picked`: the train step shown)."""
+    def at(t):
+        return (f"{t['bytes'] / GiB:.1f} GiB a chip" if t["bytes"] is not None
+                else (t["error"] or "")[:80])
+    return (f"update at model.remat={rm['configured']} does not fit ({at(rm['tried'][0])})"
+            + "; " + "; ".join(f"{' '.join(t['sets'])}: {at(t)}" for t in rm["tried"][1:])
+            + (f": the plan picked {', '.join(rm['sets'])}, whose figures are shown "
+               f"({' '.join('--set ' + x for x in rm['sets'])})"
+               + ("" if picked["bytes_per_chip"]["total"] <= HEADROOM * hbm else
+                  f"; no try is within {100 * HEADROOM:.0f}% of HBM")
+               if rm["picked"]
+               else ": nothing tried fits (remat policies, the head split over the "
+               "vocabulary, the MLP in token chunks)"))
+
+
 def format_plan(rep: dict) -> str:
     """The plan as text: the slice, the model, the serving layout, each program's figures,
     the memory of each phase and the run's estimates."""
@@ -1160,17 +1189,9 @@ def format_plan(rep: dict) -> str:
                          "a step (the no-overlap time x how much slower JetStream's published "
                          "decode steps are than theirs: an assumption, not a measurement; "
                          "BENCHMARKS.md)")
-    rm = rep.get("remat")
-    if rm:
-        def at(t):
-            return (f"{t['bytes'] / GiB:.1f} GiB a chip" if t["bytes"] is not None
-                    else (t["error"] or "")[:80])
-        lines.append(f"update at model.remat={rm['configured']} does not fit ({at(rm['tried'][0])})"
-                     + "; " + "; ".join(f"{' '.join(t['sets'])}: {at(t)}" for t in rm["tried"][1:])
-                     + (f": the plan picked {', '.join(rm['sets'])}, whose figures are shown "
-                        f"({' '.join('--set ' + x for x in rm['sets'])})" if rm["picked"]
-                        else ": nothing tried fits (remat policies, the head split over the "
-                        "vocabulary, the MLP in token chunks)"))
+    if rep.get("remat"):
+        lines.append(format_remat(rep["remat"], rep["programs"]["train_step"],
+                                  rep["hbm_bytes_per_chip"]))
     lines += format_rl_step(rep.get("rl_step"))
     lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
                  "perfect overlap nor none)")

@@ -301,6 +301,34 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     assert got["picked"] is None
 
 
+def test_the_remat_search_wants_5_percent_of_hbm_to_spare(monkeypatch):
+    """The search (compiles stubbed: each try's bytes a chip given) goes past a program that
+    fits with under 5% of HBM to spare to one that leaves 5%; where no try does, it picks
+    the first that fits at all, and the plan's text says none left 5%."""
+    from supo_jax import plan as P
+
+    monkeypatch.setattr(P, "_train_programs", lambda *a: ({"train_step": None},))
+
+    def search(sizes):
+        import itertools
+        it = itertools.chain(sizes, itertools.repeat(96))
+
+        def program(*a):
+            b = next(it)
+            return {"fits": b <= 100, "bytes_per_chip": {"total": b}}
+        return P._pick_remat(_cfg("model.remat=none"), None, None, {"fits": False}, program,
+                             hbm=100)
+    got = search([99, 90, 50])                       # dots 99%, full 90%: full
+    assert got["picked"] == "full" and [t["bytes"] for t in got["tried"]] == [None, 99, 90]
+    got = search([99, 98, 97])                        # none within 95%: dots, the first fitting
+    assert got["picked"] == "dots" and got["program"]["bytes_per_chip"]["total"] == 99
+    assert [t["bytes"] for t in got["tried"]][-1] == 96        # every try was compiled
+    assert "the plan picked model.remat=dots" in P.format_remat(got, got["program"], 100)
+    assert "no try is within 95% of HBM" in P.format_remat(got, got["program"], 100)
+    got = search([99, 90, 50])
+    assert "no try is within" not in P.format_remat(got, got["program"], 100)
+
+
 @pytest.mark.slow
 def test_tpu_programs_compile_without_collective_matmul_unless_asked(tmp_path):
     """mesh.collective_matmul: the train-side programs compile for TPU as a run compiles them
