@@ -31,7 +31,8 @@ class ModelSection:
                                    # model.path / train.init_from is an error (unless path="tiny")
     dtype: str = "float32"         # parameter (master) dtype
     compute_dtype: str = ""        # "" = same as dtype
-    remat: str = "auto"            # auto | none | full | dots | offload (what the backward keeps)
+    remat: str = "auto"            # auto | none | full | dots | offload | offload_qkvo (what the
+                                   # backward keeps; docs/SCALING.md)
     attention: str = "auto"        # auto | xla | blockwise | cudnn | splash (model/attention.py)
     precision: str = "auto"        # auto | default | high | highest (matmuls; auto: float32 is true
                                    # float32 on accelerators)

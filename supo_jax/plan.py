@@ -708,7 +708,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
 
 # remat policies from the most memory a chip to the least (supo_jax.model.decoder.REMAT; "auto"
 # resolves to one of them by the chip's memory and is taken as full here)
-REMAT_BY_MEMORY = ("none", "dots", "full", "offload")
+REMAT_BY_MEMORY = ("none", "dots", "full", "offload_qkvo", "offload")
 
 
 # the remat search (_pick_remat) stops at the first program within this share of the chip's

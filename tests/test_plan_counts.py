@@ -281,22 +281,24 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     # the policies, then at offload the head split over the vocabulary, then the MLP in the
     # chunks that divide the 250-token rows (2 of 2, 4, 8)
     assert [t["sets"] for t in rep["remat"]["tried"]] == [
-        [], ["model.remat=offload"], ["model.remat=offload", "model.head_split=vocab"],
+        [], ["model.remat=offload_qkvo"], ["model.remat=offload"],
+        ["model.remat=offload", "model.head_split=vocab"],
         ["model.remat=offload", "model.head_split=vocab", "model.mlp_chunks=2"]]
     assert "nothing tried fits" in P.format_plan(rep)
     # the dumped train_step is the one reported (full); each other try under its own name
     assert sorted(os.listdir(dump)) == [
         "train_step.hlo.txt", "train_step.remat-offload.head-split-vocab.hlo.txt",
         "train_step.remat-offload.head-split-vocab.mlp-chunks-2.hlo.txt",
-        "train_step.remat-offload.hlo.txt"]
+        "train_step.remat-offload.hlo.txt", "train_step.remat-offload_qkvo.hlo.txt"]
     assert "S(5)" not in (dump / "train_step.hlo.txt").read_text()       # no host offload
     # auto may resolve to any policy: every one that keeps less than none is tried (the
     # search alone, its compiles stubbed: each policy's program does not fit)
     monkeypatch.setattr(P, "_train_programs", lambda *a: ({"train_step": None},))
     got = P._pick_remat(_cfg("model.remat=auto"), None, None, {"fits": False},
                         lambda *a: {"fits": False})
-    assert [t["remat"] for t in got["tried"]][:4] == ["auto", "dots", "full", "offload"]
-    assert got["tried"][4]["sets"] == ["model.remat=offload", "model.head_split=vocab"]
+    assert [t["remat"] for t in got["tried"]][:5] == ["auto", "dots", "full", "offload_qkvo",
+                                                       "offload"]
+    assert got["tried"][5]["sets"] == ["model.remat=offload", "model.head_split=vocab"]
     assert got["picked"] is None
 
 

@@ -39,7 +39,7 @@ from supo_jax.model.config import ModelConfig
 from supo_jax.model.lora import EXTRA_LAYER_PARAMS, base_weight, merge_adapters
 from supo_jax.model.sharding import context_batch_axes
 
-REMAT = ("auto", "none", "full", "dots", "offload")
+REMAT = ("auto", "none", "full", "dots", "offload", "offload_qkvo")
 # the training LM head on a mesh (chunked_logprobs): "rows", each device its own rows' logits
 # against the head gathered whole; "vocab", each device every row's logits over its slice of
 # the vocabulary (the head never gathered; each chunk's activations are)
@@ -50,6 +50,13 @@ OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names
     names_which_can_be_saved=[], names_which_can_be_offloaded=["decoder_layer_input"],
     offload_src="device", offload_dst="pinned_host")
 PRECISIONS = ("auto", "default", "high", "highest")
+# remat "offload_qkvo": as "offload", and each layer's q, k, v and attention-output projections
+# kept in host memory too (MaxText's recipes' custom remat: decoder_layer_input, query_proj,
+# key_proj, value_proj, out_proj offloaded); the backward recomputes less of each layer
+OFFLOAD_QKVO = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=[], names_which_can_be_offloaded=[
+        "decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj"],
+    offload_src="device", offload_dst="pinned_host")
 
 
 @jax.tree_util.register_dataclass
@@ -236,7 +243,8 @@ def project_qkv(cfg: ModelConfig, f: Frame, h, lw: dict, i=0):
     of layer i, with bias and q / k norm where the family has them, rotated (unless layer
     i is one of SmolLM3's layers without position encoding)."""
     b, t = h.shape[:2]
-    q, k, v = f.proj(h, lw, "wq"), f.proj(h, lw, "wk"), f.proj(h, lw, "wv")
+    q, k, v = (checkpoint_name(f.proj(h, lw, w), name) for w, name in (
+        ("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))  # remat offload_qkvo
     if cfg.qkv_bias:
         q, k, v = (a + lw[n].astype(f.dtype) for a, n in ((q, "bq"), (k, "bk"), (v, "bv")))
     q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -278,7 +286,8 @@ def block(cfg: ModelConfig, f: Frame, x, lw: dict, cache: KVCache | None = None,
     """One transformer block on x [B, T, E] with layer weights lw -> (x, cache)."""
     q, k, v = project_qkv(cfg, f, rms_norm(x, lw["ln1"], cfg.rms_norm_eps), lw, i)
     o, cache = attend(f, q, k, v, cache, i)
-    x = x + f.proj(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw, "wo")
+    x = x + checkpoint_name(f.proj(o.reshape(*x.shape[:2], cfg.num_heads * cfg.head_dim), lw,
+                                   "wo"), "out_proj")
     h = rms_norm(x, lw["ln2"], cfg.rms_norm_eps)
     if f.mlp_chunks > 1 and cache is None:
         return x + chunked_mlp(f, h, lw, f.mlp_chunks), cache
@@ -351,8 +360,10 @@ class Decoder(nnx.Module):
       "none" everything, "full" only the layer's input (the rest is recomputed),
       "dots" the matmul outputs without batch dimensions (the projections; not the
       attention), "offload" as full with each layer's input kept in the host's memory
-      (pinned_host) instead of the device's (TPU), "auto" by the activations' size
-      (`remat_mode`). A bool means full / none.
+      (pinned_host) instead of the device's (TPU), "offload_qkvo" as offload with the q,
+      k, v and attention-output projections kept there too (MaxText's recipes' policy:
+      less recomputed), "auto" by the activations' size (`remat_mode`). A bool means
+      full / none.
     attention: "auto" | "xla" | "blockwise" | "cudnn" | "splash" (supo_jax.model.attention).
     precision: matmul precision. "auto" = "highest" (true float32) when the compute dtype
       is float32 on an accelerator (XLA's default there is TF32 / one bf16 pass, which
@@ -533,6 +544,8 @@ class Decoder(nnx.Module):
                 step = jax.checkpoint(step)
             elif mode == "offload":
                 step = jax.checkpoint(step, policy=OFFLOAD_LAYER_INPUTS)
+            elif mode == "offload_qkvo":
+                step = jax.checkpoint(step, policy=OFFLOAD_QKVO)
             elif mode == "dots":
                 step = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
             (x, cache, _), _ = jax.lax.scan(step, (x, cache, jnp.int32(0)), self._stacked())
