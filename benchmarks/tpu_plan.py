@@ -256,7 +256,8 @@ def markdown(res: dict) -> str:
            "serving weights and its share of the KV cache once a step. Each setup is tried on "
            "a generation's slices (benchmarks/tpu_plan.py's lists) smallest first, until both "
            "phases fit (without collective matmul, then with it where the update did not fit); "
-           "overrides are the settings changed to fit a slice. RL step: "
+           "overrides are the settings changed to fit a slice (and those the planner's remat "
+           "search picked where the update did not fit as configured). RL step: "
            "supo_jax.plan.rl_step at the config's caps (S + 1 segments a rollout, H actions and "
            "S summaries at their token budgets: an upper bound on the work), seconds as bound / "
            "no overlap / calibrated (each program's calibrated time; the serving copy at no "
@@ -305,8 +306,11 @@ def markdown(res: dict) -> str:
                         "decode_collective_bytes_per_step"),
                  f"{e['decode_over_roofline']:.2f}x" if "decode_over_roofline" in e else "-",
                  _rl_step(r.get("rl_step")),
-                 " ".join(o for o in r.get("overrides", [])
-                          if o not in SETUPS.get(r["setup"], ("",) * 4)[3]) or "-"]
+                 " ".join([o for o in r.get("overrides", [])
+                           if o not in SETUPS.get(r["setup"], ("",) * 4)[3]]
+                          + [f"(the planner's search: "
+                             f"{' '.join(rm.get('sets') or ['model.remat=' + rm['picked']])})"
+                             for rm in [r.get("remat") or {}] if rm.get("picked")]) or "-"]
         out.append("| " + " | ".join(cells) + " |")
     made: dict[str, list[str]] = {}
     for r in res["results"]["rows"]:
