@@ -275,22 +275,18 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
             "does not fit" in text)
     monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 1 << 20)      # nothing fits in 1 MiB
     dump = tmp_path / "hlo"
-    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=250", "model.remat=full"),
+    rep = P.plan(_cfg("optim.minibatch_rows=8", "optim.max_row_len=249", "model.remat=offload"),
                  "v5litepod-4", model_config=path, programs=("train_step",), dump=str(dump))
     assert rep["remat"]["picked"] is None and not rep["fits"]
-    # the policies, then at offload the head split over the vocabulary, then the MLP in the
-    # chunks that divide the 250-token rows (2 of 2, 4, 8)
+    # at offload (no policy keeps less) the head split over the vocabulary; no MLP chunks
+    # divide the 249-token rows (the search's full order: the stubbed searches below)
     assert [t["sets"] for t in rep["remat"]["tried"]] == [
-        [], ["model.remat=offload_qkvo"], ["model.remat=offload"],
-        ["model.remat=offload", "model.head_split=vocab"],
-        ["model.remat=offload", "model.head_split=vocab", "model.mlp_chunks=2"]]
+        [], ["model.remat=offload", "model.head_split=vocab"]]
     assert "nothing tried fits" in P.format_plan(rep)
-    # the dumped train_step is the one reported (full); each other try under its own name
-    assert sorted(os.listdir(dump)) == [
-        "train_step.hlo.txt", "train_step.remat-offload.head-split-vocab.hlo.txt",
-        "train_step.remat-offload.head-split-vocab.mlp-chunks-2.hlo.txt",
-        "train_step.remat-offload.hlo.txt", "train_step.remat-offload_qkvo.hlo.txt"]
-    assert "S(5)" not in (dump / "train_step.hlo.txt").read_text()       # no host offload
+    # the dumped train_step is the one reported (offload); each other try under its own name
+    assert sorted(os.listdir(dump)) == ["train_step.hlo.txt",
+                                        "train_step.remat-offload.head-split-vocab.hlo.txt"]
+    assert "S(5)" in (dump / "train_step.hlo.txt").read_text()       # host offload
     # auto may resolve to any policy: every one that keeps less than none is tried (the
     # search alone, its compiles stubbed: each policy's program does not fit)
     monkeypatch.setattr(P, "_train_programs", lambda *a: ({"train_step": None},))
@@ -299,6 +295,12 @@ def test_an_update_that_does_not_fit_gets_the_remat_policy_that_does(tmp_path, m
     assert [t["remat"] for t in got["tried"]][:5] == ["auto", "dots", "full", "offload_qkvo",
                                                        "offload"]
     assert got["tried"][5]["sets"] == ["model.remat=offload", "model.head_split=vocab"]
+    # then the MLP in the chunks that divide the rows (1024 tokens: 2, 4, 8)
+    got = P._pick_remat(_cfg("model.remat=offload", "optim.max_row_len=1024"), None, None,
+                        {"fits": False}, lambda *a: {"fits": False})
+    assert [t["sets"][1:] for t in got["tried"][1:]] == [
+        ["model.head_split=vocab"],
+        *[["model.head_split=vocab", f"model.mlp_chunks={n}"] for n in (2, 4, 8)]]
     assert got["picked"] is None
 
 
