@@ -13,7 +13,7 @@ sum) are set beside the measured step time t. The calibration is one number a ge
 how much slower the published steps run than the planner's no-overlap time, r_k = t / t_n, r
 their mean (supo_jax.plan.fit_calibration; the planner's `_calibrated` figures are t_n x r),
 shared by every generation but those of OWN_FIT, which get their own (Ironwood, whose
-SparseCores run the collectives beside the compute, runs faster than t_n: r < 1). Every
+SparseCores run the collectives beside the compute, runs nearer t_n than v6e). Every
 published v6e point is slower than t_n (a chip overlapping nothing, at the published peak and
 bandwidths), so there r is a factor on the band's slow end, not a place inside the band.
 Leave-one-out: r fitted without point k predicts k's step time; the miss is predicted /
@@ -219,9 +219,9 @@ def plan_decode_point(name: str, smoke: bool = False) -> dict:
 
 
 # generations whose train points get a fit of their own (supo_jax.plan.TRAIN_CALIBRATIONS):
-# Ironwood's measured steps are faster than the planner's no-overlap time (its SparseCores run
-# the collectives beside the TensorCores' compute), where v6e's are 1.3-1.4x slower: one
-# shared factor misses them by a third
+# Ironwood's measured steps run nearer the planner's no-overlap time (its SparseCores run the
+# collectives beside the TensorCores' compute; 1.07x at fb06924) than v6e's (1.23-1.31x): one
+# shared factor misses them by 18%
 OWN_FIT = ("tpu7x",)
 
 
@@ -406,9 +406,10 @@ def markdown(res: dict) -> str:
     lines += ["", f"Fit: r = {fit['factor']:.3f}, the mean of the "
               + (f"points' other than {', '.join(own)}'s, which have a fit of their own: "
                  + ", ".join(f"{g} r = {f['factor']:.3f} (`TRAIN_CALIBRATIONS['{g}']`)"
-                             for g, f in own.items()) + "; one shared factor misses them by "
-                 "a third: Ironwood's measured steps are faster than the planner's no-overlap "
-                 "time, its SparseCores running the collectives beside the compute. Each "
+                             for g, f in own.items()) + "; the shared factor would miss "
+                 + ", ".join(f"{g}'s steps by {100 * (fit['factor'] / f['factor'] - 1):+.0f}%"
+                             for g, f in own.items())
+                 + " (Ironwood's SparseCores run the collectives beside the compute). Each "
                  "point is left out of its own generation's fit. The shared r is "
                  if own else "points' ")
               + "(supo_jax.plan.fit_calibration; `TRAIN_CALIBRATION` in supo_jax/plan.py, "
