@@ -613,9 +613,9 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     against a head split over its embedding dimension: XLA then all-reduces the whole
     [tokens, V] logits of every chunk across the mesh.
 
-    `vocab_split` (model.head_split=vocab): the head stays split over its vocabulary on every
-    device of the mesh (never gathered); each chunk's activations of every row are gathered
-    instead, each device forms all rows' logits of its slice of the vocabulary, and the
+    `vocab_split` (model.head_split=vocab): the head stays split over its vocabulary on the
+    tensor x fsdp devices (never gathered); each chunk's activations are gathered over fsdp
+    instead, each device forms those rows' logits of its slice of the vocabulary, and the
     log-sum-exp, the target's logit and the entropy are all-reduces of per-token scalars.
     A 128K vocabulary's head is 2 GiB in bfloat16 at hidden 8192, gathered and its gradient
     held whole on every device; a chunk's activations are far smaller."""
