@@ -634,9 +634,7 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
     every = (tuple(a for a in ("tensor", "fsdp") if a in mesh.axis_names
                    and mesh.shape[a] > 1 and a not in manual)
              if vocab_split and not mesh.empty else ())
-    if every:
-        from jax.sharding import PartitionSpec as P
-        kept = tuple(a for a in axes if a not in every)      # data, where it splits the rows
+    kept = tuple(a for a in axes if a not in every)      # data, where it splits the rows
 
     @jax.checkpoint
     def one(xc, yc):
@@ -658,9 +656,14 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
         ent = ls - jnp.sum(jnp.exp(zs - ls[..., None]) * zs, axis=-1)
         return logp, ent
 
-    if every:
-        v = -(-head.shape[1] // math.prod(mesh.shape[a] for a in every))   # vocabulary a device
-        r = b // math.prod(mesh.shape[a] for a in kept)         # rows a device, in a chunk
+    if every or n > 1:    # chunks within each row: `chunk` tokens a device a chunk, at most
+        # chunk_bytes of float32 logits on a device (its rows x the chunk x its vocabulary)
+        if every:
+            split = every
+            v = -(-head.shape[1] // math.prod(mesh.shape[a] for a in every))
+            r = b // math.prod(mesh.shape[a] for a in kept)
+        else:
+            split, v, r = tensor, head.shape[1] // (mesh.shape[tensor] if tensor else 1), b // n
         c = max(1, min(t, chunk * n // b, chunk_bytes // (4 * v * r)))
         pad = -t % c
         xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, e).transpose(1, 0, 2, 3)
@@ -669,28 +672,13 @@ def chunked_logprobs(x, head, targets, temperature: float = 1.0, *, chunk: int =
         if n > 1:
             xs = jax.lax.with_sharding_constraint(xs, P(None, axes))
             ys = jax.lax.with_sharding_constraint(ys, P(None, axes))
-        head = jax.lax.with_sharding_constraint(head, P(None, every))
+        head = jax.lax.with_sharding_constraint(head, P(None, split))
         logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
-        if n > 1:
+        if every and n > 1:
             logp, ent = (jax.lax.with_sharding_constraint(a, P(None, axes)) for a in (logp, ent))
         back = lambda z: z.transpose(1, 0, 2).reshape(b, -1)[:, :t]   # noqa: E731
         return back(logp), back(ent)
-    v = head.shape[1] // (mesh.shape["tensor"] if tensor else 1)      # vocabulary a device
-    if n > 1:                            # rows split over the mesh: chunk within each row
-        from jax.sharding import PartitionSpec as P
-
-        c = max(1, min(t, chunk * n // b,           # `chunk` tokens a device a chunk,
-                       chunk_bytes // (4 * v * (b // n))))   # at most chunk_bytes of logits
-        pad = -t % c
-        xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, e).transpose(1, 0, 2, 3)
-        ys = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, -1, c)
-        ys = ys.transpose(1, 0, 2)
-        xs = jax.lax.with_sharding_constraint(xs, P(None, axes))
-        ys = jax.lax.with_sharding_constraint(ys, P(None, axes))
-        head = jax.lax.with_sharding_constraint(head, P(None, tensor))
-        logp, ent = jax.lax.map(lambda a: one(*a), (xs, ys))
-        back = lambda z: z.transpose(1, 0, 2).reshape(b, -1)[:, :t]   # noqa: E731
-        return back(logp), back(ent)
+    v = head.shape[1]
     n = b * t
     c = max(1, min(chunk, n, chunk_bytes // (4 * v)))
     pad = -n % c
