@@ -280,7 +280,7 @@ def test_a_client_gone_mid_stream_frees_its_row(served):
     slow.on = True
     try:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "long"}],
-                "max_tokens": 200, "stream": True}
+                "max_tokens": 200, "stream": True, "ignore_eos": True}   # never ends first
         with httpx.stream("POST", served["url"] + "/v1/chat/completions", json=body,
                           timeout=60) as r:
             lines = r.iter_lines()
@@ -411,6 +411,23 @@ def test_a_storm_of_bad_requests_leaves_good_sessions_complete_and_correct(serve
     assert httpx.get(served["url"] + "/health").json()["status"] == "ok"
 
 
+def test_ignore_eos_samples_past_the_stop_tokens_to_max_tokens(served):
+    """vLLM's `ignore_eos`: the same random streams as without it (same seed), but a choice
+    that sampled a stop token goes on to max_tokens."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "eos"}], "n": 16,
+            "max_tokens": 48, "seed": 7, "return_token_ids": True}
+    url = served["url"] + "/v1/chat/completions"
+    plain = httpx.post(url, json=body, timeout=60).json()["choices"]
+    ignored = httpx.post(url, json=dict(body, ignore_eos=True), timeout=60).json()["choices"]
+    stops = served["fmt"].stop_ids
+    stopped = [c for c in plain if c["finish_reason"] == "stop"]
+    assert stopped and all(c["token_ids"][-1] in stops for c in stopped)
+    for a, b in zip(plain, ignored):
+        assert b["finish_reason"] == "length" and len(b["token_ids"]) == 48
+        assert b["token_ids"][:len(a["token_ids"])] == a["token_ids"]
+    assert httpx.post(url, json=dict(body, ignore_eos="yes"), timeout=60).status_code == 400
+
+
 def test_a_full_queue_is_429_with_retry_after(served):
     engine, slow = served["engine"], served["slow"]
     _wait_free(engine)
@@ -418,14 +435,14 @@ def test_a_full_queue_is_429_with_retry_after(served):
     # call, a wave could end first on a loaded 2-core machine and the queue admit it)
     slow.on, slow.delay = True, 1.0
     body = {"model": "tiny", "messages": [{"role": "user", "content": "busy"}],
-            "max_tokens": 100, "stream": True, "n": 16}   # 4 rows + 12 waiting
+            "max_tokens": 100, "stream": True, "n": 16, "ignore_eos": True}  # 4 + 12 waiting
     try:
         with httpx.stream("POST", served["url"] + "/v1/chat/completions", json=body,
                           timeout=60) as r:
             next(r.iter_lines())
-            # 16 more cannot wait (at most 16) unless 12 of the first 16 ended already: a
-            # random policy samples its stop token now and then, which frees a row and lets
-            # a waiting job in (n=5 was refused only while none had ended: CI saw a 200)
+            # no row ends before its 100 tokens (without ignore_eos the random policy
+            # samples a stop token now and then, frees a row, and CI once saw n=5 let in);
+            # and 16 more cannot wait even were 11 of the first 16 to end
             full = httpx.post(served["url"] + "/v1/chat/completions", timeout=60,
                               json=dict(body, n=16, stream=False))
             assert full.status_code == 429 and full.headers["retry-after"] == "1"

@@ -10,6 +10,8 @@ read with the policy's own tool-call parser (supo_jax.text.parsing): text that h
 valid call is plain content, never an error. `return_token_ids: true` (vLLM's dialect, which
 the `verifiers` library reads) adds `prompt_token_ids` to the response and `token_ids` to
 each choice (and to each streamed chunk): the exact ids the sampler saw and sampled.
+`ignore_eos: true` (vLLM's too) samples on past the policy's stop tokens: a choice ends at
+max_tokens, the context's end or a stop string (benchmarks and load tests ask for it).
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class Sampling:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    ignore_eos: bool = False     # vLLM's: the stop tokens do not end a choice (max_tokens does)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +151,8 @@ def _sampling(body: dict, max_tokens_names: tuple[str, ...], chat: bool) -> Samp
                     seed=None if seed is None else seed % (1 << 31), logprobs=logprobs,
                     top_logprobs=top, stream=_flag(body, "stream"),
                     include_usage=bool(opts.get("include_usage", False)),
-                    return_token_ids=_flag(body, "return_token_ids"))
+                    return_token_ids=_flag(body, "return_token_ids"),
+                    ignore_eos=_flag(body, "ignore_eos"))
 
 
 def _text(content, where: str) -> str:

@@ -224,8 +224,9 @@ class Generation:
 
         def feed(i):
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
+        stop_ids = frozenset() if s.ignore_eos else frozenset(server.fmt.stop_ids)
         for i, c in enumerate(self.choices):
-            c.job = Job(tuple(prompt), max_new, sp, server.fmt.stop_ids, (base, i), feed(i))
+            c.job = Job(tuple(prompt), max_new, sp, stop_ids, (base, i), feed(i))
         try:
             server.engine.submit([c.job for c in self.choices])
         except QueueFull as e:
