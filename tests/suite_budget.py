@@ -48,12 +48,25 @@ class _Budget:
         self.allowed = {ln.split("#")[0].strip() for ln in config.getini("long_tests")}
         self.seconds: dict[str, float] = {}
         self.slow: set[str] = set()
+        self.workers: dict[str, list] = {}    # xdist worker -> [busy seconds, tests]
 
     def pytest_runtest_logreport(self, report):
         # under pytest-xdist the controller sees reports, not items: the marks are keywords
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
         if "slow" in report.keywords:
             self.slow.add(report.nodeid)
+        node = getattr(report, "node", None)           # xdist's WorkerController
+        worker = getattr(getattr(node, "gateway", None), "id", None)
+        if worker:
+            busy = self.workers.setdefault(worker, [0.0, 0])
+            busy[0] += report.duration
+            busy[1] += report.when == "call"
+
+    def balance(self, took: float) -> str:
+        """One line of each xdist worker's busy seconds (setup + call + teardown of its tests)
+        against the run's: where a shorter run must cut (a worker idle at the end waits)."""
+        parts = [f"{w} {s:.0f} s in {n} tests" for w, (s, n) in sorted(self.workers.items())]
+        return f"workers' busy time: {', '.join(parts)}; the run {took:.0f} s"
 
     def over(self) -> list[str]:
         """The tests over the per-test limit that are neither slow nor listed."""
@@ -89,14 +102,17 @@ class _Budget:
             lines.append(f"suite budget: the run took {took:.0f} s, over {name} = {seconds:.0f} s "
                          "(pytest.ini; SUPO_JAX_SUITE_BUDGET_S overrides): see the durations "
                          "above for what to trim")
+        failing = bool(lines)
+        if self.workers and name:      # a whole run under xdist (CI's): how its workers shared it
+            lines.append(self.balance(took))
         if lines:
             tr = self.config.pluginmanager.get_plugin("terminalreporter")
             if tr:
                 tr.write_line("")     # after the progress line of -q
             for line in lines:
                 (tr.write_line if tr else print)(line)
-            if session.exitstatus == 0:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if failing and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class TestTimeout(Exception):

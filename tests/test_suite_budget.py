@@ -1,6 +1,7 @@
 """The suite holds its own time budget (tests/suite_budget.py): a run over its budget, or a test
 over the per-test limit that is neither marked slow nor listed, fails the run with one line."""
 import os
+import re
 import subprocess
 import sys
 
@@ -53,6 +54,13 @@ def test_a_test_over_the_limit_fails_the_run_unless_slow_or_listed(tmp_path, wor
     over = [ln for ln in r.stdout.splitlines() if ln.startswith("suite budget:")]
     assert len(over) == 1 and "test_sleeps" in over[0], r.stdout
     assert "test_marked_slow" not in over[0] and "test_listed" not in over[0]
+    if workers:    # each worker's busy seconds: the three 1.2 s tests' 3.6 s between them
+        busy = re.search(r"workers' busy time: gw0 (\d+) s in (\d) tests, gw1 (\d+) s in "
+                         r"(\d) tests; the run \d+ s", r.stdout)
+        assert busy, r.stdout
+        assert int(busy[2]) + int(busy[4]) == 4 and 3 <= int(busy[1]) + int(busy[3]) <= 5
+    else:
+        assert "workers' busy time" not in r.stdout
     r = _run(tmp_path, 0, "t", "-m", "not slow", "-k", "not sleeps")
     assert r.returncode == 0 and "suite budget" not in r.stdout, r.stdout
 
