@@ -195,7 +195,7 @@ def plan_decode_point(name: str, smoke: bool = False) -> dict:
     sets = ["context.manager=full", f"context.working_context={cache}", f"rollout.rows={rows}"]
     sets += [] if smoke else [f"rollout.tensor={chips}"]
     cfg = load_config(CONFIG, sets)
-    rep = plan(cfg, pt["topology"], programs=("decode",),
+    rep = plan(cfg, pt["topology"], programs=("decode",), search_rows=False,  # its rows
                model_config=TINY if smoke else os.path.join(MODELS, pt["model"]))
     d, s = rep["programs"]["decode"], rep["shapes"]
     base = {"point": name, **pt, "chips": chips, "overrides": sets, "smoke": smoke,

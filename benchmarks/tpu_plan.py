@@ -86,8 +86,9 @@ def plan_setup(name: str, smoke: bool = False, gens: list[str] | None = None) ->
             # weight) before a larger slice
             for extra in ([], ["mesh.collective_matmul=true"]):
                 cfg = load_config(os.path.join(CONFIGS, config), topo_sets + extra)
+                # the setup's own sampler rows: a slice fits the rollouts at them or not
                 rep = plan(cfg, topology, model_config=os.path.join(MODELS, model),
-                           training_layout=True)
+                           training_layout=True, search_rows=False)
                 rows.append({"setup": name, "what": what, "generation": gen, **rep,
                              "overrides": topo_sets + extra})
                 print(f"{name} {topology}{' ' + extra[0] if extra else ''}: "

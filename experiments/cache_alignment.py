@@ -44,7 +44,7 @@ def main(argv=None):
         for length in (bound, -(-bound // 128) * 128, -(-bound // 512) * 512):
             P.row_bound = lambda c, n=length: n
             rep = P.plan(cfg, args.topology, model_config=os.path.join(T.MODELS, model),
-                         programs=("decode",))
+                         programs=("decode",), search_rows=False)
             d, s = rep["programs"]["decode"], rep["shapes"]
             out["cache_lengths"][length] = {
                 "hbm_bytes_per_chip": d["hbm_bytes_per_chip"], "bound": d["bound"],

@@ -583,7 +583,8 @@ def hlo_cost_of(fn, args, kwargs, mesh):
 def plan(cfg, topology: str, *, model_config: str | None = None,
          programs: tuple[str, ...] | None = None, host_copy: bool = False,
          training_layout: bool = False, dump: str | None = None,
-         segments: int | None = None, generated_tokens: int | None = None) -> dict:
+         segments: int | None = None, generated_tokens: int | None = None,
+         search_rows: bool = True) -> dict:
     """Compile the run's programs ahead of time for the TPU slice `topology` (a gcloud
     accelerator type, e.g. v5litepod-16) and report, for each, XLA's bytes per chip, the
     HLO-counted FLOPs, HBM and interconnect bytes a chip, the estimated time and its bound;
@@ -597,7 +598,9 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
     mesh with the parameters as training shards them (how rollouts sampled before the
     serving layout), not counted in `fits`.
     dump: write each program's compiled HLO text to DIR/NAME.hlo.txt. segments /
-    generated_tokens: a rollout's work for the predicted RL step (rl_step; default the caps)."""
+    generated_tokens: a rollout's work for the predicted RL step (rl_step; default the caps).
+    search_rows: where the rollout phase does not fit (or XLA refuses a sampler program),
+    find the most sampler rows that fit (_pick_rows) and show their programs."""
     from supo_jax.model import platform
     from supo_jax.model.serving import auto_tensor, check_tensor, serving_mesh
     from supo_jax.model.sharding import make_mesh
@@ -671,7 +674,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
                 cfg, mc, graphdef, params, mesh,
                 sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
                              mesh))[0]["decode"]))
-        def program(name, m, prog, dump_as=None):
+        def program(name, m, prog, dump_as=None, s=None):
             fn, args, kwargs = prog or (None, None, None)
             t0 = time.perf_counter()
             try:
@@ -686,7 +689,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             b = _memory(compiled)
             return {"bytes_per_chip": b, "fits": b["total"] <= chip["hbm_bytes"],
                     **_figures(compiled, chip, peak,
-                               _model_flops(name, mc, shapes, tr["adapters"]) / m.size, m),
+                               _model_flops(name, mc, s or shapes, tr["adapters"]) / m.size, m),
                     "compile_seconds": time.perf_counter() - t0}
 
         for name, m, prog in todo:
@@ -696,6 +699,14 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             report["remat"] = _pick_remat(cfg, mc, mesh, ts, program, chip["hbm_bytes"])
             if report["remat"]["picked"]:
                 report["programs"]["train_step"] = report["remat"].pop("program")
+        ro = _rollout_phase(report["programs"], state_bytes, chip["hbm_bytes"])
+        if search_rows and ro is not None and not ro["fits"]:
+            report["rows"] = _pick_rows(cfg, mc, graphdef, sparams, smesh, shapes,
+                                        report["programs"], program, state_bytes,
+                                        chip["hbm_bytes"])
+            if report["rows"]["picked"]:
+                report["programs"].update(report["rows"].pop("programs"))
+                shapes.update(report["rows"].pop("shapes"))
     report["phases"] = _phases(report)
     calibrate(report)
     report["estimates"] = _estimates(report, mc)
@@ -796,21 +807,86 @@ def _phases(rep: dict) -> dict:
     update: the train step (its arguments are the training state and the batch); the
     serving copy and the cache are freed before it."""
     p, hbm = rep["programs"], rep["hbm_bytes_per_chip"]
-    state = rep["training_state_bytes_per_chip"]
     out = {}
-    sampler = [(n, p[n]["bytes_per_chip"]) for n in ("prefill", "decode") if "bytes_per_chip"
-               in p.get(n, {})]
-    if "bytes_per_chip" in p.get("to_serving", {}):
-        b = p["to_serving"]["bytes_per_chip"]        # its argument is the training state
-        sampler.append(("to_serving", {"total": b["total"] - b["argument"]}))
-    if sampler:
-        name, b = max(sampler, key=lambda x: x[1]["total"])
-        out["rollout"] = {"bytes": state + b["total"], "largest": name,
-                          "fits": state + b["total"] <= hbm}
+    ro = _rollout_phase(p, rep["training_state_bytes_per_chip"], hbm)
+    if ro is not None:
+        out["rollout"] = ro
     if "bytes_per_chip" in p.get("train_step", {}):
         b = p["train_step"]["bytes_per_chip"]["total"]
         out["update"] = {"bytes": b, "largest": "train_step", "fits": b <= hbm}
     return out
+
+
+SAMPLER_PROGRAMS = ("prefill", "decode")
+
+
+def _rollout_phase(progs: dict, state: int, hbm: float) -> dict | None:
+    """The rollout phase's bytes a chip: the training state beside the largest sampler
+    program (prefill, decode; to_serving less its argument, the state). A sampler program
+    XLA refused (over HBM at compile time) makes the phase not fit: `refused` names it, and
+    `bytes` counts the programs that compiled. None without a sampler program."""
+    sampler = [(n, progs[n]["bytes_per_chip"]) for n in SAMPLER_PROGRAMS
+               if "bytes_per_chip" in progs.get(n, {})]
+    refused = [n for n in SAMPLER_PROGRAMS if "error" in progs.get(n, {})]
+    if "bytes_per_chip" in progs.get("to_serving", {}):
+        b = progs["to_serving"]["bytes_per_chip"]        # its argument is the training state
+        sampler.append(("to_serving", {"total": b["total"] - b["argument"]}))
+    if not sampler and not refused:
+        return None
+    name, b = max(sampler, key=lambda x: x[1]["total"]) if sampler else (None, {"total": 0})
+    out = {"bytes": state + b["total"], "largest": name or refused[0],
+           "fits": not refused and state + b["total"] <= hbm}
+    if refused:
+        out["refused"] = refused
+    return out
+
+
+def _pick_rows(cfg, mc, graphdef, sparams, smesh, shapes: dict, progs: dict, program,
+               state: int, hbm: float) -> dict:
+    """The rollout phase does not fit at the configured sampler rows: the most rows, a
+    multiple of the serving layout's batch ways (data x fsdp: the cache's rows shard over
+    them) below them, whose prefill and decode compile and leave the phase within HEADROOM of
+    `hbm` beside the training state, by bisection (each try compiles both programs; the
+    phase's bytes grow with the rows). {configured (sampler rows), picked (rows, None: not
+    even one way's share fits), sets (--set arguments), tried: [{rows, bytes, refused}],
+    programs and shapes of the picked}."""
+    k = smesh.shape.get("data", 1) * smesh.shape.get("fsdp", 1)
+    first = shapes["sampler_rows"]
+    ro = _rollout_phase(progs, state, hbm)
+    out = {"configured": first, "picked": None, "sets": [],
+           "tried": [{"rows": first, "bytes": ro["bytes"], "refused": ro.get("refused", [])}]}
+    lo, hi, best = 0, first // k, None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        built, sh = _sampler_programs(cfg, mc, graphdef, sparams, smesh, mid * k)
+        s = {**shapes, **sh}
+        tried = {n: program(n, smesh, built[n], f"{n}.rows-{mid * k}", s)
+                 for n in SAMPLER_PROGRAMS}
+        ro = _rollout_phase({**progs, **tried}, state, hbm)
+        out["tried"].append({"rows": mid * k, "bytes": ro["bytes"],
+                             "refused": ro.get("refused", [])})
+        if ro["fits"] and ro["bytes"] <= HEADROOM * hbm:
+            lo, best = mid, (tried, sh)
+        else:
+            hi = mid
+    if best:
+        out.update(picked=lo * k, sets=[f"rollout.rows={lo * k}"], shapes=best[1],
+                   programs={n: {**p, "rows": lo * k} for n, p in best[0].items()})
+    return out
+
+
+def format_rows(rw: dict, hbm: float) -> str:
+    """The rows search's line (_pick_rows's report)."""
+    def at(t):
+        return (f"{', '.join(t['refused'])} over HBM" if t["refused"]
+                else f"{t['bytes'] / GiB:.1f} GiB a chip ({100 * t['bytes'] / hbm:.0f}%)")
+    first, rest = rw["tried"][0], rw["tried"][1:]
+    return (f"rollouts at {first['rows']} sampler rows do not fit ({at(first)})"
+            + "".join(f"; {t['rows']} rows: {at(t)}" for t in rest)
+            + (f": the plan picked {rw['sets'][0]} (--set {rw['sets'][0]}), whose prefill and "
+               f"decode are shown" if rw["picked"] else
+               f": no fewer rows fit within {100 * HEADROOM:.0f}% of HBM beside the training "
+               "state (a larger slice, rollout.tensor, or LoRA)"))
 
 
 # How much slower than the planner's no-overlap time (compute, HBM and ICI one after another,
@@ -1122,7 +1198,10 @@ def format_plan(rep: dict) -> str:
             continue
         b = p["bytes_per_chip"]
         picked = (f" at {', '.join(p['sets'])}, not the configured model.remat="
-                  f"{rep['remat']['configured']}, which does not fit" if "remat" in p else "")
+                  f"{rep['remat']['configured']}, which does not fit" if "remat" in p else
+                  f" at rollout.rows={p['rows']}, not the configured "
+                  f"{rep['rows']['configured']} sampler rows, which do not fit" if "rows" in p
+                  else "")
         lines.append(f"{name}: {'fits' if p['fits'] else 'DOES NOT FIT'}{picked} "
                      f"(compiled in {p['compile_seconds']:.1f} s)")
         for k in ("argument", "output", "alias", "temp", "code", "total"):
@@ -1154,7 +1233,9 @@ def format_plan(rep: dict) -> str:
                          "FLOPs a chip)")
     for name, ph in rep.get("phases", {}).items():
         lines.append(f"{'' if name != 'rollout' else chr(10)}phase {name}: "
-                     f"{_gib(ph['bytes'])} a chip resident "
+                     + (f"{', '.join(ph['refused'])} refused by XLA (over HBM); the programs "
+                        "that compiled: " if ph.get("refused") else "")
+                     + f"{_gib(ph['bytes'])} a chip resident "
                      f"({100 * ph['bytes'] / rep['hbm_bytes_per_chip']:.0f}% of HBM; largest "
                      f"program {ph['largest']}): {'fits' if ph['fits'] else 'DOES NOT FIT'}")
     e = rep.get("estimates", {})
@@ -1192,6 +1273,8 @@ def format_plan(rep: dict) -> str:
     if rep.get("remat"):
         lines.append(format_remat(rep["remat"], rep["programs"]["train_step"],
                                   rep["hbm_bytes_per_chip"]))
+    if rep.get("rows"):
+        lines.append(format_rows(rep["rows"], rep["hbm_bytes_per_chip"]))
     lines += format_rl_step(rep.get("rl_step"))
     lines.append("(bounds from the compiled programs, not measurements: a chip reaches neither "
                  "perfect overlap nor none)")

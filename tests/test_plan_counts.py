@@ -333,6 +333,82 @@ def test_the_remat_search_wants_5_percent_of_hbm_to_spare(monkeypatch):
 
 
 @pytest.mark.slow
+def test_rollouts_that_do_not_fit_get_the_sampler_rows_that_do(tmp_path, monkeypatch):
+    """With 6 MiB a chip, 16 sampler rows of a 512-slot cache do not fit beside the training
+    state (6.9 MB): the plan compiles the prefill and decode at fewer rows (8: 5.7 MB, then
+    12: 6.2 MB, over 95%), picks 8, and shows those programs, at those rows."""
+    from supo_jax import plan as P
+
+    path = _model_dir(tmp_path, "m", vocab_size=256, hidden=128, layers=2, heads=2,
+                      kv_heads=1, mlp=512)
+    monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 6 << 20)
+    rep = P.plan(_cfg("rollout.rows=16", "rollout.tasks_per_step=16", "rollout.group_size=4"),
+                 "v5litepod-4", model_config=path, programs=("prefill", "decode"))
+    rw = rep["rows"]
+    assert rw["configured"] == 16 and rw["picked"] == 8 and rw["sets"] == ["rollout.rows=8"]
+    assert [t["rows"] for t in rw["tried"]] == [16, 8, 12]
+    assert rw["tried"][0]["bytes"] > 0.95 * (6 << 20) >= rw["tried"][1]["bytes"]
+    assert rep["shapes"]["sampler_rows"] == 8 and rep["fits"]
+    progs = rep["programs"]
+    assert progs["prefill"]["rows"] == progs["decode"]["rows"] == 8
+    assert rep["phases"]["rollout"]["bytes"] == rw["tried"][1]["bytes"] == (
+        rep["training_state_bytes_per_chip"] + max(progs[n]["bytes_per_chip"]["total"]
+                                                   for n in ("prefill", "decode")))
+    # the decode's model FLOPs count the picked rows: 8 rows x 64 steps a decode call
+    assert progs["decode"]["model_flops_per_chip"] == pytest.approx(
+        8 * 64 * P.decode_model_flops(P.resolve_model_config(_cfg(), path), 512) / 4)
+    text = P.format_plan(rep)
+    assert "prefill: fits at rollout.rows=8, not the configured 16 sampler rows" in text
+    assert "the plan picked rollout.rows=8 (--set rollout.rows=8)" in text
+
+
+def test_the_rows_search_finds_the_most_sampler_rows_that_fit(monkeypatch):
+    """Rollouts that do not fit at the configured sampler rows: a bisection over multiples
+    of the serving layout's batch ways (4 here) finds the most rows whose prefill and decode
+    leave the phase within 95% of HBM beside the training state (compiles stubbed: a
+    program's bytes grow with its rows; prefill refused by XLA past 40 rows)."""
+    import types
+
+    from supo_jax import plan as P
+
+    monkeypatch.setattr(P, "_sampler_programs", lambda *a: (
+        {"prefill": a[-1], "decode": a[-1]}, {"sampler_rows": a[-1], "cache_bytes": a[-1]}))
+    calls = []
+
+    def program(name, m, rows, dump_as, s):
+        calls.append((name, rows, dump_as, s["sampler_rows"]))
+        if name == "prefill" and rows > 40:
+            return {"fits": False, "error": "RESOURCE_EXHAUSTED: over HBM"}
+        return {"fits": True, "bytes_per_chip": {"total": 10 + (2 if name == "decode" else 1)
+                                                 * rows}}
+    mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 4, "tensor": 2})
+    first = {n: program(n, None, 64, n, {"sampler_rows": 64}) for n in P.SAMPLER_PROGRAMS}
+    assert P._rollout_phase(first, 8, 100) == {"bytes": 8 + 10 + 128, "largest": "decode",
+                                               "fits": False, "refused": ["prefill"]}
+    calls.clear()
+    # state 8: the phase is 18 + 2 x rows, within 95 at 36 rows (90), not at 40 (98)
+    got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64, "row_len": 9},
+                       first, program, 8, 100)
+    assert got["picked"] == 36 and got["sets"] == ["rollout.rows=36"]
+    assert [t["rows"] for t in got["tried"]] == [64, 32, 48, 40, 36]
+    assert got["tried"][2]["refused"] == ["prefill"] and got["tried"][4]["bytes"] == 90
+    assert got["shapes"] == {"sampler_rows": 36, "cache_bytes": 36}
+    assert got["programs"]["decode"] == {"fits": True, "bytes_per_chip": {"total": 82},
+                                         "rows": 36}
+    # each try's programs compiled at its rows, under their own dump names and shapes
+    assert ("decode", 36, "decode.rows-36", 36) in calls and len(calls) == 2 * 4
+    text = P.format_rows(got, 100)
+    assert text.startswith("rollouts at 64 sampler rows do not fit (prefill over HBM); 32 "
+                           "rows: 0.0 GiB a chip (82%)")
+    assert "the plan picked rollout.rows=36 (--set rollout.rows=36)" in text
+    # with a training state of 90, not even 4 rows leave 5% spare
+    got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64}, first, program,
+                       90, 100)
+    assert got["picked"] is None and [t["rows"] for t in got["tried"]][-1] == 4
+    assert "no fewer rows fit within 95% of HBM" in P.format_rows(got, 100)
+
+
+@pytest.mark.slow
 def test_tpu_programs_compile_without_collective_matmul_unless_asked(tmp_path):
     """mesh.collective_matmul: the train-side programs compile for TPU as a run compiles them
     (supo_jax.rl.train_step.step_programs): by default without XLA's windowed einsum (no
