@@ -1142,7 +1142,7 @@ def format_remat(rm: dict, picked: dict, hbm: float) -> str:
         return (f"{t['bytes'] / GiB:.1f} GiB a chip" if t["bytes"] is not None
                 else (t["error"] or "")[:80])
     return (f"update at model.remat={rm['configured']} does not fit ({at(rm['tried'][0])})"
-            + "; " + "; ".join(f"{' '.join(t['sets'])}: {at(t)}" for t in rm["tried"][1:])
+            + "".join(f"; {' '.join(t['sets'])}: {at(t)}" for t in rm["tried"][1:])
             + (f": the plan picked {', '.join(rm['sets'])}, whose figures are shown "
                f"({' '.join('--set ' + x for x in rm['sets'])})"
                + ("" if picked["bytes_per_chip"]["total"] <= HEADROOM * hbm else

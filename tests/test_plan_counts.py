@@ -330,6 +330,11 @@ def test_the_remat_search_wants_5_percent_of_hbm_to_spare(monkeypatch):
     assert "no try is within 95% of HBM" in P.format_remat(got, got["program"], 100)
     got = search([99, 90, 50])
     assert "no try is within" not in P.format_remat(got, got["program"], 100)
+    # nothing left to try (offload with the head split already, no MLP chunks dividing)
+    rm = {"configured": "offload", "picked": None, "sets": [],
+          "tried": [{"sets": [], "bytes": None, "error": "RESOURCE_EXHAUSTED: over"}]}
+    assert P.format_remat(rm, None, 100).startswith(
+        "update at model.remat=offload does not fit (RESOURCE_EXHAUSTED: over): nothing tried")
 
 
 @pytest.mark.slow
