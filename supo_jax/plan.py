@@ -660,20 +660,7 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
         meshes = {"train_step": mesh, "recompute_logprobs": mesh, "to_serving": smesh}
         todo = [(name, meshes.get(name, smesh), prog) for name, prog in built.items()
                 if programs is None or name in programs]
-        if host_copy:
-            host = host_devices(topology)
-            hmesh = make_mesh(1, -1, 1, devices=host)
-            # one host's share of the sampler rows, on its own chips with the whole policy
-            hrows = -(-shapes["sampler_rows"] * len(host) // len(devices))
-            hg, hp, _ = abstract_policy(mc, cfg.model, hmesh)
-            todo.append(("decode_host_copy", hmesh, _sampler_programs(
-                cfg, mc, hg, serving_params(hp, hmesh, cdt), hmesh, hrows)[0]["decode"]))
-            report.update(host_chips=len(host), host_sampler_rows=hrows)
-        if training_layout:
-            todo.append(("decode_training_layout", mesh, _sampler_programs(
-                cfg, mc, graphdef, params, mesh,
-                sampler_rows(cfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
-                             mesh))[0]["decode"]))
+
         def program(name, m, prog, dump_as=None, s=None):
             fn, args, kwargs = prog or (None, None, None)
             t0 = time.perf_counter()
@@ -707,6 +694,26 @@ def plan(cfg, topology: str, *, model_config: str | None = None,
             if report["rows"]["picked"]:
                 report["programs"].update(report["rows"].pop("programs"))
                 shapes.update(report["rows"].pop("shapes"))
+        # the comparisons, at the rows the plan shows (the configured ones, or the search's)
+        if host_copy:
+            host = host_devices(topology)
+            hmesh = make_mesh(1, -1, 1, devices=host)
+            # one host's share of the sampler rows, on its own chips with the whole policy
+            hrows = -(-shapes["sampler_rows"] * len(host) // len(devices))
+            hg, hp, _ = abstract_policy(mc, cfg.model, hmesh)
+            report.update(host_chips=len(host), host_sampler_rows=hrows)
+            report["programs"]["decode_host_copy"] = program(
+                "decode_host_copy", hmesh, _sampler_programs(
+                    cfg, mc, hg, serving_params(hp, hmesh, cdt), hmesh, hrows)[0]["decode"])
+        if training_layout:
+            rcfg = dataclasses.replace(cfg, rollout=dataclasses.replace(
+                cfg.rollout, rows=shapes["sampler_rows"]))
+            trows = sampler_rows(rcfg, cfg.rollout.tasks_per_step * cfg.rollout.group_size,
+                                 mesh)
+            report["programs"]["decode_training_layout"] = program(
+                "decode_training_layout", mesh, _sampler_programs(
+                    cfg, mc, graphdef, params, mesh, trows)[0]["decode"],
+                s={**shapes, "sampler_rows": trows})
     report["phases"] = _phases(report)
     calibrate(report)
     report["estimates"] = _estimates(report, mc)
@@ -846,32 +853,45 @@ def _pick_rows(cfg, mc, graphdef, sparams, smesh, shapes: dict, progs: dict, pro
     """The rollout phase does not fit at the configured sampler rows: the most rows, a
     multiple of the serving layout's batch ways (data x fsdp: the cache's rows shard over
     them) below them, whose prefill and decode compile and leave the phase within HEADROOM of
-    `hbm` beside the training state, by bisection (each try compiles both programs; the
-    phase's bytes grow with the rows). {configured (sampler rows), picked (rows, None: not
-    even one way's share fits), sets (--set arguments), tried: [{rows, bytes, refused}],
-    programs and shapes of the picked}."""
+    `hbm` beside the training state, by bisection (each try compiles the sampler programs the
+    plan compiles; the phase's bytes grow with the rows); where no try is within HEADROOM,
+    the most rows that fit at all. None tried where the rows cannot help: the training state
+    beside the serving copy (`fixed`) over HEADROOM. {configured (sampler rows), picked (rows,
+    None: none fits), within (HEADROOM), sets (--set arguments), tried: [{rows, bytes,
+    refused}], programs and shapes of the picked}."""
     k = smesh.shape.get("data", 1) * smesh.shape.get("fsdp", 1)
     first = shapes["sampler_rows"]
+    names = [n for n in SAMPLER_PROGRAMS if n in progs]       # those the plan compiles
     ro = _rollout_phase(progs, state, hbm)
     out = {"configured": first, "picked": None, "sets": [],
            "tried": [{"rows": first, "bytes": ro["bytes"], "refused": ro.get("refused", [])}]}
-    lo, hi, best = 0, first // k, None
+    b = progs.get("to_serving", {}).get("bytes_per_chip")
+    fixed = state + (b["total"] - b["argument"] if b else 0)  # what no row count changes
+    if fixed > HEADROOM * hbm or not names:
+        out["fixed"] = fixed
+        return out
+    lo, hi, best, fitting = 0, first // k, None, None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         built, sh = _sampler_programs(cfg, mc, graphdef, sparams, smesh, mid * k)
         s = {**shapes, **sh}
-        tried = {n: program(n, smesh, built[n], f"{n}.rows-{mid * k}", s)
-                 for n in SAMPLER_PROGRAMS}
+        tried = {n: program(n, smesh, built[n], f"{n}.rows-{mid * k}", s) for n in names}
         ro = _rollout_phase({**progs, **tried}, state, hbm)
         out["tried"].append({"rows": mid * k, "bytes": ro["bytes"],
                              "refused": ro.get("refused", [])})
+        if ro["fits"] and (fitting is None or mid > fitting[0]):
+            fitting = (mid, tried, sh)        # the most rows that fit at all, the fallback
         if ro["fits"] and ro["bytes"] <= HEADROOM * hbm:
-            lo, best = mid, (tried, sh)
+            lo, best = mid, (mid, tried, sh)
         else:
             hi = mid
+    best = best or fitting
     if best:
-        out.update(picked=lo * k, sets=[f"rollout.rows={lo * k}"], shapes=best[1],
-                   programs={n: {**p, "rows": lo * k} for n, p in best[0].items()})
+        n = best[0] * k
+        out.update(picked=n, sets=[f"rollout.rows={n}"], shapes=best[2],
+                   within=next(t["bytes"] for t in out["tried"] if t["rows"] == n)
+                   <= HEADROOM * hbm,
+                   programs={p: {**f, "rows": n} for p, f in best[1].items()})
     return out
 
 
@@ -881,12 +901,18 @@ def format_rows(rw: dict, hbm: float) -> str:
         return (f"{', '.join(t['refused'])} over HBM" if t["refused"]
                 else f"{t['bytes'] / GiB:.1f} GiB a chip ({100 * t['bytes'] / hbm:.0f}%)")
     first, rest = rw["tried"][0], rw["tried"][1:]
-    return (f"rollouts at {first['rows']} sampler rows do not fit ({at(first)})"
-            + "".join(f"; {t['rows']} rows: {at(t)}" for t in rest)
-            + (f": the plan picked {rw['sets'][0]} (--set {rw['sets'][0]}), whose prefill and "
-               f"decode are shown" if rw["picked"] else
-               f": no fewer rows fit within {100 * HEADROOM:.0f}% of HBM beside the training "
-               "state (a larger slice, rollout.tensor, or LoRA)"))
+    head = f"rollouts at {first['rows']} sampler rows do not fit ({at(first)})"
+    if "fixed" in rw:
+        return (head + f": the training state beside the serving copy alone needs "
+                f"{rw['fixed'] / GiB:.1f} GiB a chip, over {100 * HEADROOM:.0f}% of HBM at any "
+                "rows (a larger slice, or LoRA)")
+    return (head + "".join(f"; {t['rows']} rows: {at(t)}" for t in rest)
+            + (f": the plan picked {rw['sets'][0]} (--set {rw['sets'][0]}), whose sampler "
+               f"programs are shown (dumped as NAME.rows-{rw['picked']})"
+               + ("" if rw["within"] else f"; no try is within {100 * HEADROOM:.0f}% of HBM")
+               if rw["picked"] else
+               ": no fewer rows fit beside the training state (a larger slice, "
+               "rollout.tensor, or LoRA)"))
 
 
 # How much slower than the planner's no-overlap time (compute, HBM and ICI one after another,

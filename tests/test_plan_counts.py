@@ -348,7 +348,8 @@ def test_rollouts_that_do_not_fit_get_the_sampler_rows_that_do(tmp_path, monkeyp
                       kv_heads=1, mlp=512)
     monkeypatch.setitem(P.CHIPS["v5e"], "hbm_bytes", 6 << 20)
     rep = P.plan(_cfg("rollout.rows=16", "rollout.tasks_per_step=16", "rollout.group_size=4"),
-                 "v5litepod-4", model_config=path, programs=("prefill", "decode"))
+                 "v5litepod-4", model_config=path, programs=("prefill", "decode"),
+                 host_copy=True, training_layout=True)
     rw = rep["rows"]
     assert rw["configured"] == 16 and rw["picked"] == 8 and rw["sets"] == ["rollout.rows=8"]
     assert [t["rows"] for t in rw["tried"]] == [16, 8, 12]
@@ -362,6 +363,10 @@ def test_rollouts_that_do_not_fit_get_the_sampler_rows_that_do(tmp_path, monkeyp
     # the decode's model FLOPs count the picked rows: 8 rows x 64 steps a decode call
     assert progs["decode"]["model_flops_per_chip"] == pytest.approx(
         8 * 64 * P.decode_model_flops(P.resolve_model_config(_cfg(), path), 512) / 4)
+    # the comparisons are compiled at the rows shown (one host: its share is all 8)
+    assert rep["host_sampler_rows"] == 8
+    assert progs["decode_training_layout"]["model_flops_per_chip"] == pytest.approx(
+        progs["decode"]["model_flops_per_chip"])
     text = P.format_plan(rep)
     assert "prefill: fits at rollout.rows=8, not the configured 16 sampler rows" in text
     assert "the plan picked rollout.rows=8 (--set rollout.rows=8)" in text
@@ -406,11 +411,29 @@ def test_the_rows_search_finds_the_most_sampler_rows_that_fit(monkeypatch):
     assert text.startswith("rollouts at 64 sampler rows do not fit (prefill over HBM); 32 "
                            "rows: 0.0 GiB a chip (82%)")
     assert "the plan picked rollout.rows=36 (--set rollout.rows=36)" in text
-    # with a training state of 90, not even 4 rows leave 5% spare
+    assert got["within"] and "no try is within" not in text
+    # a training state of 80: 4 rows fit (98) but none leaves 5%: the most that fit at all
     got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64}, first, program,
-                       90, 100)
+                       80, 100)
+    assert got["picked"] == 4 and not got["within"] and got["tried"][-1]["bytes"] == 98
+    assert "no try is within 95% of HBM" in P.format_rows(got, 100)
+    # of 91 not even 4 rows fit
+    got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64}, first, program,
+                       91, 100)
     assert got["picked"] is None and [t["rows"] for t in got["tried"]][-1] == 4
-    assert "no fewer rows fit within 95% of HBM" in P.format_rows(got, 100)
+    assert "no fewer rows fit beside the training state" in P.format_rows(got, 100)
+    # only the programs the plan compiles are tried; where the state beside the serving copy
+    # is over 95% already, none (fewer rows cannot help)
+    calls.clear()
+    got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64},
+                       {"decode": first["decode"]}, program, 8, 100)
+    assert got["picked"] == 36 and {c[0] for c in calls} == {"decode"}
+    assert set(got["programs"]) == {"decode"}
+    serving = {"fits": True, "bytes_per_chip": {"total": 150, "argument": 50}}
+    got = P._pick_rows(None, None, None, None, mesh, {"sampler_rows": 64},
+                       {**first, "to_serving": serving}, program, 8, 100)
+    assert got["picked"] is None and got["fixed"] == 108 and len(got["tried"]) == 1
+    assert "serving copy alone needs" in P.format_rows(got, 100)
 
 
 @pytest.mark.slow

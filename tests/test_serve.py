@@ -414,17 +414,22 @@ def test_a_storm_of_bad_requests_leaves_good_sessions_complete_and_correct(serve
 def test_ignore_eos_samples_past_the_stop_tokens_to_max_tokens(served):
     """vLLM's `ignore_eos`: the same random streams as without it (same seed), but a choice
     that sampled a stop token goes on to max_tokens."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "eos"}], "n": 16,
-            "max_tokens": 48, "seed": 7, "return_token_ids": True}
-    url = served["url"] + "/v1/chat/completions"
-    plain = httpx.post(url, json=body, timeout=60).json()["choices"]
+    url, fmt = served["url"] + "/v1/chat/completions", served["fmt"]
+    for seed in range(7, 12):       # a seed whose 16 choices sample a stop token (most do)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "eos"}], "n": 16,
+                "max_tokens": 48, "seed": seed, "return_token_ids": True}
+        plain = httpx.post(url, json=body, timeout=60).json()["choices"]
+        stopped = [c for c in plain if c["finish_reason"] == "stop"]
+        if stopped:
+            break
+    assert stopped and all(c["token_ids"][-1] in fmt.stop_ids for c in stopped)
     ignored = httpx.post(url, json=dict(body, ignore_eos=True), timeout=60).json()["choices"]
-    stops = served["fmt"].stop_ids
-    stopped = [c for c in plain if c["finish_reason"] == "stop"]
-    assert stopped and all(c["token_ids"][-1] in stops for c in stopped)
     for a, b in zip(plain, ignored):
         assert b["finish_reason"] == "length" and len(b["token_ids"]) == 48
         assert b["token_ids"][:len(a["token_ids"])] == a["token_ids"]
+        # the text leaves the stop tokens out, wherever they were sampled
+        assert b["message"]["content"] == fmt.decode(
+            [t for t in b["token_ids"] if t not in fmt.stop_ids])
     assert httpx.post(url, json=dict(body, ignore_eos="yes"), timeout=60).status_code == 400
 
 

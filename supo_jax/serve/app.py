@@ -157,20 +157,29 @@ def budget(max_len: int, prompt: list[int], s: api.Sampling, param: str) -> int:
 # generation
 
 
-def stop_cut(fmt: ChatFormat, tokens: list[int], start: int, stops) -> int | None:
+def choice_text(fmt: ChatFormat, tokens: list[int], ignore_eos: bool = False) -> str:
+    """A choice's tokens as text: less a trailing stop token; with ignore_eos, less every
+    stop token (sampled on past, as vLLM's detokenizer leaves such special tokens out)."""
+    if ignore_eos:
+        return fmt.decode([t for t in tokens if t not in fmt.stop_ids])
+    return fmt.action_text(tokens)
+
+
+def stop_cut(fmt: ChatFormat, tokens: list[int], start: int, stops,
+             ignore_eos: bool = False) -> int | None:
     """The fewest tokens (at least `start`) whose text holds a stop string; None if none
     does. The ids reported end there, whatever the decode calls that sampled them."""
-    if not stops or not any(s in fmt.action_text(tokens) for s in stops):
+    if not stops or not any(s in choice_text(fmt, tokens, ignore_eos) for s in stops):
         return None
     return next(k for k in range(max(start, 1), len(tokens) + 1)
-                if any(s in fmt.action_text(tokens[:k]) for s in stops))
+                if any(s in choice_text(fmt, tokens[:k], ignore_eos) for s in stops))
 
 
 class Choice:
     """One choice's generation, fed by the engine's events, read by the request's coroutine."""
 
-    def __init__(self, fmt: ChatFormat, stop: tuple[str, ...]):
-        self.fmt, self.stop = fmt, stop
+    def __init__(self, fmt: ChatFormat, stop: tuple[str, ...], ignore_eos: bool = False):
+        self.fmt, self.stop, self.ignore_eos = fmt, stop, ignore_eos
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.finish: str | None = None
@@ -186,7 +195,7 @@ class Choice:
         start = len(self.tokens)
         self.tokens += ev.tokens
         self.logprobs += ev.logprobs
-        cut = stop_cut(self.fmt, self.tokens, start, self.stop)
+        cut = stop_cut(self.fmt, self.tokens, start, self.stop, self.ignore_eos)
         if cut is not None:
             del self.tokens[cut:], self.logprobs[cut:]
             self.finish = "stop"
@@ -197,7 +206,7 @@ class Choice:
 
     def text(self) -> str:
         """The choice's text: its tokens less a trailing stop token, cut before a stop string."""
-        text = self.fmt.action_text(self.tokens)
+        text = choice_text(self.fmt, self.tokens, self.ignore_eos)
         at = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         return text[:min(at)] if at else text
 
@@ -220,7 +229,7 @@ class Generation:
         max_new = budget(server.engine.max_len, prompt, s, param)
         sp = SamplingParams(temperature=s.temperature, top_p=s.top_p)
         base = s.seed if s.seed is not None else server.next_stream()
-        self.choices = [Choice(server.fmt, s.stop) for _ in range(s.n)]
+        self.choices = [Choice(server.fmt, s.stop, s.ignore_eos) for _ in range(s.n)]
 
         def feed(i):
             return lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))

@@ -68,7 +68,7 @@ def _sampling_set(req) -> bool:
     """Whether a request asks for sampling settings of its own (ignored: the run's hold)."""
     s = req.sampling
     return (s.temperature != 1.0 or s.top_p != 1.0 or s.max_tokens is not None or bool(s.stop)
-            or s.seed is not None)
+            or s.seed is not None or s.ignore_eos)
 
 
 _HTTP = None
