@@ -537,3 +537,20 @@ def test_the_cache_is_a_multiple_of_128_slots_and_rows_still_end_at_max_len():
         s.generate([0], 11, set(), SamplingParams(0.0), jax.random.key(0))
     out = s.generate([0], 10, set(), SamplingParams(0.0), jax.random.key(0))
     assert len(out[0].tokens) == 10 and s.lengths[0] == 100
+
+
+def test_rows_without_stop_ids_share_the_decode_program(policy):
+    """A batch whose rows have no stop ids (a server's ignore_eos requests) runs the decode
+    program a batch with two stop ids a row compiled (the ids are padded to 4): a server
+    does not stall on a new compile for it."""
+    from supo_jax.sampling import sampler as S
+
+    rs = np.random.RandomState(3)
+    prompts = {r: _ids(rs, 12) for r in range(4)}
+    done = []
+    for stops in ({1, 2}, set()):
+        s = Sampler(policy, 4, 64)
+        s.append(prompts)
+        s.generate(list(prompts), 6, stops, GREEDY, jax.random.key(0))
+        done.append(S.decode._cache_size())
+    assert done[1] == done[0]

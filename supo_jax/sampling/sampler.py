@@ -574,7 +574,9 @@ class Sampler:
         steps = bucket(max(left.values()), 8)
         if self.decode_chunk:
             steps = min(steps, self.decode_chunk)
-        width = max(1, max(len(v[2]) for v in self.generating.values()))
+        # stop ids padded (-1: none) to a multiple of 4: rows whose stop sets differ in size
+        # (a server's ignore_eos rows have none) share one decode program
+        width = -(-max(1, max(len(v[2]) for v in self.generating.values())) // 4) * 4
         stop_ids = np.full((self.batch, width), -1, np.int32)
         active = np.zeros(self.batch, bool)
         max_new = np.zeros(self.batch, np.int32)
