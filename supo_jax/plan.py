@@ -364,8 +364,8 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
 
     from supo_jax.model.decoder import KVCache
     from supo_jax.model.sharding import spec_for
-    from supo_jax.sampling.sampler import (PREFILL_CHUNK, SamplingParams, bucket, cache_length,
-                                           decode, prefill)
+    from supo_jax.sampling.sampler import (PREFILL_CHUNK, STOP_WIDTH, SamplingParams, bucket,
+                                           cache_length, decode, prefill)
 
     r, ctx = cfg.rollout, cfg.context
     cdt = _compute_dtype(cfg.model)
@@ -391,7 +391,7 @@ def _sampler_programs(cfg, mc, graphdef, params, mesh, rows: int):
     out["decode"] = (decode, (graphdef, params, cache, jax.ShapeDtypeStruct(
         (B, mc.vocab_size), jnp.float32, sharding=logits_sh),
         jax.eval_shape(lambda: jax.random.key(0)),
-        vec(jnp.bool_), vec(jnp.int32), jax.ShapeDtypeStruct((B, 2), jnp.int32),
+        vec(jnp.bool_), vec(jnp.int32), jax.ShapeDtypeStruct((B, STOP_WIDTH), jnp.int32),
         jax.ShapeDtypeStruct((B, 2), jnp.int32, sharding=NamedSharding(
             mesh, spec_for(("batch", None), (B, 2), mesh))), vec(jnp.int32), None),
         dict(steps=steps, attend_len=W, sp=sp, unroll_layers=False))   # TPU: the layer scan

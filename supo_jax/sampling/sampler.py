@@ -310,6 +310,7 @@ def cache_length(max_len: int) -> int:
 # the most tokens a row prefills in one call: longer appends (a 64K-token context) run as
 # several calls, so that a prefill's temporaries grow with this, not with the context
 PREFILL_CHUNK = 4096
+STOP_WIDTH = 4          # a decode row's stop ids, padded to a multiple of this
 
 
 def row_settings(sampling: dict[int, SamplingParams], rows, batch: int
@@ -574,9 +575,10 @@ class Sampler:
         steps = bucket(max(left.values()), 8)
         if self.decode_chunk:
             steps = min(steps, self.decode_chunk)
-        # stop ids padded (-1: none) to a multiple of 4: rows whose stop sets differ in size
-        # (a server's ignore_eos rows have none) share one decode program
-        width = -(-max(1, max(len(v[2]) for v in self.generating.values())) // 4) * 4
+        # stop ids padded (-1: none) to a multiple of STOP_WIDTH: rows whose stop sets differ
+        # in size (a server's ignore_eos rows have none) share one decode program
+        width = -(-max(1, max(len(v[2]) for v in self.generating.values())) // STOP_WIDTH
+                  ) * STOP_WIDTH
         stop_ids = np.full((self.batch, width), -1, np.int32)
         active = np.zeros(self.batch, bool)
         max_new = np.zeros(self.batch, np.int32)
