@@ -437,8 +437,9 @@ def test_a_full_queue_is_429_with_retry_after(served):
     """With every row busy and the queue full (20 jobs submitted to the engine itself, no
     stop ids, each 100 tokens at 1 s a decode call: none ends for seconds), a request is
     refused with 429, Retry-After and a rate_limit_error; once they are cancelled, served.
-    (Through a streamed HTTP request the busy state was not certain on a loaded machine:
-    CI twice saw the second request admitted.)"""
+    (A streamed HTTP request held open with `next(r.iter_lines())` closes itself when the
+    dropped line iterator is collected: its jobs were cancelled, and on a loaded machine
+    dropped before the second request came, which CI saw admitted.)"""
     engine, slow, fmt = served["engine"], served["slow"], served["fmt"]
     _wait_free(engine)
     slow.on, slow.delay = True, 1.0
