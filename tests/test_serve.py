@@ -431,6 +431,9 @@ def test_ignore_eos_samples_past_the_stop_tokens_to_max_tokens(served):
         assert b["message"]["content"] == fmt.decode(
             [t for t in b["token_ids"] if t not in fmt.stop_ids])
     assert httpx.post(url, json=dict(body, ignore_eos="yes"), timeout=60).status_code == 400
+    # as the openai SDK sends it (extra_body), and the server answers after the 400
+    r = ask(served["url"], "eos", max_tokens=8, seed=seed, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
 
 
 def test_a_full_queue_is_429_with_retry_after(served):
